@@ -1,0 +1,148 @@
+"""``dedloc app``: the tray app. One instance per user; the window opens where no tray exists."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.handlers
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+
+from dedloc_core import paths
+
+from .bridge import Bridge
+from .controller import Controller
+from .firstrun import FirstRunDialog
+from .instance import SingleInstance
+from .supervisor import Supervisor
+from .tray import Tray
+from .window import MainWindow
+
+logger = logging.getLogger(__name__)
+NO_TRAY = ("No system tray was found, so DeDLOC Volunteer runs in this window. Closing it quits the app "
+           "and stops contributing. (On GNOME, install the AppIndicator extension to get a tray icon.)")
+
+
+@dataclass
+class App:
+    """The parts of a running app, wired together (tests build one with ``build``)."""
+
+    qapp: QApplication
+    bridge: Bridge
+    supervisor: Supervisor
+    controller: Controller
+    window: MainWindow
+    tray: Tray | None
+
+    def show_window(self) -> None:
+        self.window.bring_up()
+
+    def quit(self) -> None:
+        self.controller.quit(self._finish)
+
+    def _finish(self) -> None:
+        if self.supervisor.recorder is not None:
+            self.supervisor.recorder.close()
+        self.bridge.shutdown()
+        if self.tray is not None:
+            self.tray.hide()
+        self.qapp.exit(0)  # quit() would ask the windows, and the main window only hides
+
+    def first_run(self) -> None:
+        """Ask for consent and first choices once the catalog is known."""
+        if self.controller.prefs.consent:
+            return
+
+        def ask(result=None) -> None:
+            self.controller.catalog_changed.disconnect(ask)
+            catalog = self.controller.catalog.catalog if self.controller.catalog else None
+            dialog = FirstRunDialog(self.controller.prefs, catalog, self.window)
+
+            def accepted() -> None:
+                prefs = dialog.result_prefs(self.controller.prefs)
+                self.controller.save_prefs(prefs)
+                if prefs.experiment_id:
+                    self.controller.join(prefs.experiment_id)
+
+            dialog.accepted.connect(accepted)
+            dialog.open()
+            self.first_run_dialog = dialog
+
+        self.controller.catalog_changed.connect(ask)
+
+
+def build(qapp: QApplication, *, prefs_path: Path | None = None, env: dict[str, str] | None = None,
+          tray: bool | None = None) -> App:
+    bridge = Bridge(qapp)
+    stats_store, recorder = _stats()
+    supervisor = Supervisor(bridge, env=env, recorder=recorder)
+    controller = Controller(bridge, supervisor, prefs_path=prefs_path, stats_store=stats_store)
+    window = MainWindow(controller)
+    app = App(qapp, bridge, supervisor, controller, window, None)
+    use_tray = QSystemTrayIcon.isSystemTrayAvailable() if tray is None else tray
+    if use_tray:
+        app.tray = Tray(controller, app.show_window, app.quit)
+    else:
+        window.quit_on_close = True
+        window.on_quit = app.quit
+        window.banner(NO_TRAY, "info")
+    qapp.aboutToQuit.connect(lambda: controller.quit(lambda: None))
+    return app
+
+
+def _stats():
+    """The stats store and the recorder that feeds it; (None, None) if the database cannot be opened
+    (the Statistics page then says why; contributing goes on)."""
+    from dedloc_core.errors import DedlocError
+    from dedloc_core.statsdb import StatsStore
+    from dedloc_core.statsrecorder import StatsRecorder
+
+    try:
+        store = StatsStore()
+        return store, StatsRecorder(StatsStore(store.path, threadsafe=True)).start()
+    except DedlocError as exc:
+        logger.error("Statistics are off: %s", exc)
+        return None, None
+
+
+def setup_logging() -> None:
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    try:
+        handler: logging.Handler = logging.handlers.RotatingFileHandler(
+            paths.log_dir() / "app.log", maxBytes=2**20, backupCount=3, encoding="utf-8")
+    except OSError:
+        handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dedloc app", description="The DeDLOC Volunteer tray app.")
+    parser.add_argument("--hidden", action="store_true", help="start in the tray without opening the window")
+    args = parser.parse_args(argv)
+    setup_logging()
+    qapp = QApplication.instance() or QApplication(sys.argv[:1])
+    qapp.setApplicationName("DeDLOC Volunteer")
+    qapp.setQuitOnLastWindowClosed(False)
+    instance = SingleInstance()
+    if instance.notify_running():
+        print("DeDLOC Volunteer is already running: showing its window.")
+        return 0
+    app = build(qapp)
+    instance.listen(app.show_window)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: app.bridge.post(app.quit))
+    if app.tray is not None:
+        app.tray.show()
+    if app.tray is None or not args.hidden or not app.controller.prefs.consent:
+        app.window.show()
+    app.first_run()
+    app.controller.start()
+    code = qapp.exec()
+    instance.close()
+    return code

@@ -1,0 +1,160 @@
+"""Contribution: when and how much this computer gives. The form is generated from the fields of
+``dedloc_core.prefs.Preferences`` (title = label, description = help, ge/le = ranges); Save validates
+the whole model and shows the first problem instead of saving it."""
+
+from __future__ import annotations
+
+import annotated_types
+from pydantic import ValidationError
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from dedloc_core import prefs as prefs_mod
+from dedloc_core.prefs import Preferences
+
+from ..controller import Controller
+
+SECTIONS = {
+    "When": ["idle_only", "idle_minutes", "schedule", "run_on_battery", "other_cpu_limit", "blocking_programs"],
+    "How much": ["cpu_share_idle", "cpu_share_in_use", "use_gpu", "gpu_while_in_use", "gpu_memory_cap_mb",
+                 "upload_cap_kbs", "download_cap_kbs", "daily_quota_mb", "long_pause_minutes"],
+    "You": ["display_name", "start_at_login"],
+}
+OFF = "Off"
+
+
+def _bounds(name: str) -> tuple[float, float]:
+    low, high = 0.0, 1e9
+    for item in Preferences.model_fields[name].metadata:
+        if isinstance(item, annotated_types.Ge):
+            low = float(item.ge)
+        elif isinstance(item, annotated_types.Le):
+            high = float(item.le)
+    return low, high
+
+
+class ContributionPage(QWidget):
+    def __init__(self, controller: Controller):
+        super().__init__()
+        self.controller = controller
+        self.widgets: dict[str, QWidget] = {}
+        inner = QWidget()
+        column = QVBoxLayout(inner)
+        for section, names in SECTIONS.items():
+            box = QGroupBox(section)
+            form = QFormLayout(box)
+            for name in names:
+                widget = self._widget(name)
+                self.widgets[name] = widget
+                field = Preferences.model_fields[name]
+                if isinstance(widget, QCheckBox):
+                    form.addRow(widget)
+                else:
+                    form.addRow(f"{field.title}:", widget)
+                if field.description and not isinstance(widget, (QSpinBox, QDoubleSpinBox)):
+                    widget.setToolTip(field.description)
+            column.addWidget(box)
+        column.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(inner)
+        self.message = QLabel()
+        self.message.setWordWrap(True)
+        self.save_button = QPushButton("Save")
+        self.revert_button = QPushButton("Revert")
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.message, 1)
+        buttons.addWidget(self.revert_button)
+        buttons.addWidget(self.save_button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(scroll, 1)
+        layout.addLayout(buttons)
+        self.save_button.clicked.connect(self.save)
+        self.revert_button.clicked.connect(lambda: self.load(controller.prefs))
+        controller.prefs_changed.connect(self.load)
+        self.load(controller.prefs)
+
+    def _widget(self, name: str) -> QWidget:
+        field = Preferences.model_fields[name]
+        kind = field.annotation
+        if kind is bool:
+            return QCheckBox(field.title)
+        if kind in (int, float, int | None, float | None):
+            low, high = _bounds(name)
+            optional = kind in (int | None, float | None)
+            spin = QDoubleSpinBox() if kind in (float, float | None) else QSpinBox()
+            spin.setRange(low - (1 if optional else 0), min(high, 2**31 - 1))
+            if optional:
+                spin.setSpecialValueText(OFF)
+            if field.description:
+                spin.setSuffix(f" {field.description.split(';')[0]}")
+            return spin
+        edit = QLineEdit()
+        if name == "schedule":
+            edit.setPlaceholderText("Any time. Example: Mon-Fri 22:00-07:00; Sat,Sun 00:00-23:59")
+        elif name == "blocking_programs":
+            edit.setPlaceholderText("Comma-separated, e.g. steam, blender")
+        return edit
+
+    def load(self, prefs: Preferences) -> None:
+        for name, widget in self.widgets.items():
+            value = getattr(prefs, name)
+            if isinstance(widget, QCheckBox):
+                widget.setChecked(bool(value))
+            elif isinstance(widget, (QSpinBox, QDoubleSpinBox)):
+                widget.setValue(widget.minimum() if value is None else value)
+            elif name == "schedule":
+                widget.setText(prefs_mod.format_schedule(value))
+            elif name == "blocking_programs":
+                widget.setText(", ".join(value))
+            else:
+                widget.setText(str(value))
+        self.message.clear()
+
+    def values(self) -> dict:
+        data = self.controller.prefs.model_dump()
+        for name, widget in self.widgets.items():
+            if isinstance(widget, QCheckBox):
+                data[name] = widget.isChecked()
+            elif isinstance(widget, (QSpinBox, QDoubleSpinBox)):
+                off = widget.specialValueText() == OFF and widget.value() == widget.minimum()
+                data[name] = None if off else widget.value()
+            elif name == "schedule":
+                data[name] = prefs_mod.parse_schedule(widget.text())
+            elif name == "blocking_programs":
+                data[name] = [p for p in widget.text().split(",")]
+            else:
+                data[name] = widget.text()
+        return data
+
+    def save(self) -> bool:
+        try:
+            new = Preferences.model_validate(self.values())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = Preferences.model_fields.get(str(first["loc"][0])) if first["loc"] else None
+            where = field.title if field and field.title else "Preferences"
+            self._say(f"Not saved. {where}: {first['msg']}", error=True)
+            return False
+        except ValueError as exc:  # the schedule text
+            self._say(f"Not saved. Schedule: {exc}", error=True)
+            return False
+        self.controller.save_prefs(new)
+        self._say("Saved.")
+        return True
+
+    def _say(self, text: str, error: bool = False) -> None:
+        self.message.setStyleSheet("color:#b91c1c;" if error else "color:#15803d;")
+        self.message.setText(text)

@@ -1,0 +1,162 @@
+"""Experiments: the catalog, whether this computer qualifies, Join / Leave / Refresh, and the swarm's
+progress for the joined experiment. Catalog errors are shown plainly above the last good catalog."""
+
+from __future__ import annotations
+
+from html import escape
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from dedloc_core.catalog import Experiment, LoadResult
+from dedloc_core.protocol import Progress
+
+from ..controller import Controller
+
+
+class ExperimentsPage(QWidget):
+    def __init__(self, controller: Controller):
+        super().__init__()
+        self.controller = controller
+        self.error = QLabel()
+        self.error.setWordWrap(True)
+        self.error.setStyleSheet("background:#fde8e8; color:#7f1d1d; padding:6px; border-radius:4px;")
+        self.error.hide()
+        self.list = QListWidget()
+        self.list.setMaximumWidth(280)
+        self.details = QLabel("Loading the catalog…")
+        self.details.setWordWrap(True)
+        self.details.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.details.setTextFormat(Qt.TextFormat.RichText)
+        self.join_button = QPushButton("Join")
+        self.leave_button = QPushButton("Leave")
+        self.refresh_button = QPushButton("Refresh")
+        buttons = QHBoxLayout()
+        for b in (self.join_button, self.leave_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        buttons.addWidget(self.refresh_button)
+        right = QVBoxLayout()
+        right.addWidget(self.details, 1)
+        right.addLayout(buttons)
+        body = QHBoxLayout()
+        body.addWidget(self.list)
+        body.addLayout(right, 1)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.error)
+        layout.addLayout(body, 1)
+
+        self.list.currentItemChanged.connect(lambda *_: self.show_details())
+        self.join_button.clicked.connect(self.join_selected)
+        self.leave_button.clicked.connect(controller.leave)
+        self.refresh_button.clicked.connect(lambda: controller.refresh_catalog())
+        controller.catalog_changed.connect(self.show_catalog)
+        controller.hardware_changed.connect(lambda _: self.show_details())
+        controller.joined_changed.connect(lambda _: self.show_details())
+        controller.progress.connect(self._on_progress)
+        if controller.catalog is not None:
+            self.show_catalog(controller.catalog)
+
+    def show_catalog(self, result: LoadResult) -> None:
+        if result.error is not None:
+            shown = {"last_good": "the last good catalog", "default": "the catalog shipped with the app"}
+            still = f" Showing {shown[result.source]}." if result.source in shown else ""
+            self.error.setText(f"<b>{escape(result.error.title)}</b>: {escape(result.error.message)}{escape(still)}")
+            self.error.show()
+        else:
+            self.error.hide()
+        current = self.selected_id() or self.controller.prefs.experiment_id
+        self.list.clear()
+        for exp in result.catalog.experiments if result.catalog else []:
+            item = QListWidgetItem(f"{exp.title}\n{exp.organizer} · {exp.status}")
+            item.setData(Qt.ItemDataRole.UserRole, exp.id)
+            self.list.addItem(item)
+            if exp.id == current:
+                self.list.setCurrentItem(item)
+        if self.list.currentItem() is None and self.list.count():
+            self.list.setCurrentRow(0)
+        self.show_details()
+
+    def selected_id(self) -> str | None:
+        item = self.list.currentItem()
+        return item.data(Qt.ItemDataRole.UserRole) if item else None
+
+    def show_details(self) -> None:
+        exp = self.controller.experiment(self.selected_id() or "")
+        joined = self.controller.joined
+        self.leave_button.setEnabled(joined is not None)
+        if exp is None:
+            self.details.setText("No experiment selected." if self.list.count() else "The catalog is empty.")
+            self.join_button.setEnabled(False)
+            return
+        is_joined = joined is not None and joined.id == exp.id
+        self.join_button.setEnabled(exp.status == "active" and not is_joined)
+        self.join_button.setText("Switch to this experiment" if joined and not is_joined else "Join")
+        self.details.setText(self._describe(exp, is_joined))
+
+    def _describe(self, exp: Experiment, is_joined: bool) -> str:
+        hw = self.controller.hardware
+        m = exp.hardware
+        needs = f"{m.ram_gb:g} GB RAM, {m.cpu_cores} CPU cores, {m.disk_gb:g} GB disk" + (
+            ", an NVIDIA GPU" if m.gpu_required else "")
+        if hw is None:
+            fit = "Checking this computer…"
+        else:
+            lacks = hw.unmet(m)
+            fit = ("✔ This computer meets the minimums." if not lacks
+                   else "✘ This computer lacks " + "; ".join(lacks) + ".")
+        rows = [
+            f"<h2>{escape(exp.title)}</h2>",
+            f"<p><b>Organizer:</b> {escape(exp.organizer)} &nbsp; <b>Status:</b> {escape(exp.status)}"
+            f" &nbsp; <b>Recipe:</b> {escape(exp.recipe)}</p>",
+            f"<p>{escape(exp.description)}</p>",
+            f"<p><b>Needs:</b> {escape(needs)}<br>{escape(fit)}</p>",
+        ]
+        if exp.needs_token:
+            rows.append("<p>This experiment needs an access token from its organizer.</p>")
+        if is_joined:
+            rows.append(f"<p><b>Joined.</b> {escape(self.controller.status.text)}</p>")
+            p = self.controller.last_progress
+            if p is not None:
+                loss = f"{p.loss:.3f}" if p.loss is not None else "–"
+                rows.append(
+                    f"<p><b>Swarm:</b> global step {p.global_step}, {p.num_peers} peers, "
+                    f"{p.swarm_samples_per_second:.0f} samples/s, loss {loss}; "
+                    f"this round {p.samples_accumulated}/{p.target_batch_size} samples</p>")
+        return "".join(rows)
+
+    def _on_progress(self, _: Progress) -> None:
+        joined = self.controller.joined
+        if joined is not None and self.selected_id() == joined.id:
+            self.show_details()
+
+    def join_selected(self) -> None:
+        exp = self.controller.experiment(self.selected_id() or "")
+        if exp is None:
+            return
+        hw = self.controller.hardware
+        lacks = hw.unmet(exp.hardware) if hw else []
+        if lacks and QMessageBox.question(
+                self, "Join anyway?", f"This computer lacks {'; '.join(lacks)}. Join {exp.title} anyway?"
+        ) != QMessageBox.StandardButton.Yes:
+            return
+        if exp.needs_token:
+            token, ok = QInputDialog.getText(self, "Access token", f"The access token for {exp.title}:",
+                                             QLineEdit.EchoMode.Password)
+            if not ok or not token:
+                return
+            self.controller.store_token(exp.id, token)
+        if not self.controller.prefs.consent:
+            self.controller.save_prefs(self.controller.prefs.model_copy(update={"consent": True}))
+        self.controller.join(exp.id)

@@ -1,0 +1,285 @@
+"""The one object that owns the worker process of the joined experiment.
+
+Start and stop run on a single lifecycle thread (they block: hello handshake, stop with SIGTERM and
+SIGKILL of the process group); commands are written to the worker's stdin; events come back as typed
+Qt signals on the GUI thread. A worker that exits unexpectedly is restarted with back-off and its
+error is shown. A pid file lets the next launch reap a worker left over from a crash of the app.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from dedloc_core import paths
+from dedloc_core.errors import DedlocError
+from dedloc_core.protocol import Error, Hello, Limits, Log, Pause, Progress, Resume, SetLimits, Start, State, Stats
+from dedloc_core.workerproc import StopResult, WorkerProcess
+
+from .bridge import Bridge
+
+logger = logging.getLogger(__name__)
+
+BACKOFF = (2.0, 5.0, 15.0, 60.0, 300.0)  # seconds before restart attempts 1, 2, 3, ...
+HEALTHY_AFTER = 60.0  # a worker that trained this long resets the back-off
+
+
+class Supervisor(QObject):
+    hello = Signal(object)
+    state = Signal(object)
+    progress = Signal(object)
+    stats = Signal(object)
+    log = Signal(object)
+    error = Signal(object)
+    running_changed = Signal(bool)
+    restart_scheduled = Signal(float)  # seconds until the next start attempt
+
+    def __init__(self, bridge: Bridge, *, pid_file: Path | None = None, env: dict[str, str] | None = None,
+                 backoff: tuple[float, ...] = BACKOFF, stop_timeout: float = 20.0, recorder=None,
+                 parent: QObject | None = None):
+        super().__init__(parent)
+        self.bridge = bridge
+        self.pid_file = pid_file or paths.data_dir() / "worker.pid"
+        self.env = env
+        self.backoff = backoff
+        self.stop_timeout = stop_timeout
+        self.recorder = recorder  # a dedloc_core.statsrecorder.StatsRecorder fed from the reader thread
+        self.worker: WorkerProcess | None = None
+        self.wanted: Start | None = None  # the experiment the user joined (None: not joined)
+        self.pause_reason: str | None = None
+        self.limits: Limits | None = None
+        self.failures = 0
+        self.last_state: State | None = None
+        self._generation = 0
+        self._training_since: float | None = None
+        self._lifecycle = ThreadPoolExecutor(max_workers=1, thread_name_prefix="supervisor")
+        self._restart = QTimer(self)
+        self._restart.setSingleShot(True)
+        self._restart.timeout.connect(self._launch)
+        self._lifecycle.submit(self.reap_stale)
+
+    # ---- public API (GUI thread) -----------------------------------------------------------
+
+    def join(self, start: Start) -> None:
+        """Run ``start`` in a fresh worker (replacing any running one)."""
+        self.wanted = start
+        self.limits = start.limits
+        self.failures = 0
+        self._launch()
+
+    def leave(self, done=None) -> None:
+        self.wanted = None
+        self._restart.stop()
+        self._generation += 1
+        self._stop_current(done)
+
+    def pause(self, reason: str) -> None:
+        self.pause_reason = reason
+        self._send(Pause(reason=reason))
+
+    def resume(self) -> None:
+        self.pause_reason = None
+        self._send(Resume())
+
+    def set_limits(self, limits: Limits) -> None:
+        if limits != self.limits:
+            self.limits = limits
+            self._send(SetLimits(limits=limits))
+
+    def running(self) -> bool:
+        return self.worker is not None and self.worker.running()
+
+    def shutdown(self, done=None) -> None:
+        """Stop the worker gracefully (kill its process tree after a timeout), then call ``done``."""
+        self.leave(done)
+        self._lifecycle.shutdown(wait=False)
+
+    # ---- lifecycle (runs on the lifecycle thread) --------------------------------------------
+
+    def _launch(self) -> None:
+        if self.wanted is None:
+            return
+        self._restart.stop()
+        self._generation += 1
+        generation, start = self._generation, self.wanted
+        if self.pause_reason is not None:
+            start = start.model_copy(update={"start_paused": True})
+        if self.limits is not None:
+            start = start.model_copy(update={"limits": self.limits})
+        old, self.worker = self.worker, None
+
+        def work() -> WorkerProcess:
+            if old is not None:
+                old.stop(timeout=self.stop_timeout)
+            self._clear_pid_file()
+            if self.recorder is not None:
+                self.recorder.begin(start.experiment.get("id", "unknown"))
+            log = _worker_log()
+            try:
+                worker = WorkerProcess(env=self.env, stderr=log, on_event=lambda e: self._from_worker(generation, e))
+                worker.start()
+            finally:
+                log.close()  # the worker holds its own copy
+            self._write_pid_file(worker)
+            worker.send(start)
+            threading.Thread(target=self._watch, args=(worker, generation), daemon=True,
+                             name=f"watch-{worker.pid}").start()
+            return worker
+
+        def started(worker: WorkerProcess) -> None:
+            if generation != self._generation:  # left or relaunched meanwhile
+                self._lifecycle.submit(worker.stop, self.stop_timeout)
+                return
+            self.worker = worker
+            self.running_changed.emit(True)
+            self._sync(start)
+
+        def failed(exc: BaseException) -> None:
+            if generation == self._generation:
+                self._failed(f"The worker could not start: {exc}")
+
+        self.bridge.run(lambda: self._lifecycle.submit(work).result(), started, failed)
+
+    def _stop_current(self, done=None) -> None:
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            self.running_changed.emit(False)
+
+        def work() -> StopResult:
+            result = worker.stop(timeout=self.stop_timeout) if worker is not None else StopResult.NOT_RUNNING
+            self._clear_pid_file()
+            return result
+
+        future = self._lifecycle.submit(work)
+        if done is not None:
+            future.add_done_callback(lambda f: self.bridge.post(lambda: done(f.result())))
+
+    def _from_worker(self, generation: int, event: object) -> None:
+        """On the worker's reader thread: record, then hand the event to the GUI thread."""
+        if self.recorder is not None:
+            self.recorder.on_event(event)
+        self.bridge.post(lambda: self._on_event(generation, event))
+
+    def _watch(self, worker: WorkerProcess, generation: int) -> None:
+        assert worker.proc is not None
+        code = worker.proc.wait()
+        if self.recorder is not None:
+            self.recorder.on_event(None)
+        self.bridge.post(lambda: self._on_exit(generation, code))
+
+    # ---- events (GUI thread) -----------------------------------------------------------------
+
+    def _on_event(self, generation: int, event: object) -> None:
+        if generation != self._generation:
+            return
+        if isinstance(event, State):
+            self.last_state = event
+            now = time.monotonic()
+            if event.state == "training":
+                self._training_since = self._training_since or now
+            self.state.emit(event)
+        elif isinstance(event, Progress):
+            if self._training_since is not None and time.monotonic() - self._training_since > HEALTHY_AFTER:
+                self.failures = 0
+            self.progress.emit(event)
+        elif isinstance(event, Stats):
+            self.stats.emit(event)
+        elif isinstance(event, Log):
+            self.log.emit(event)
+        elif isinstance(event, Error):
+            self.error.emit(event)
+        elif isinstance(event, Hello):
+            self.hello.emit(event)
+
+    def _on_exit(self, generation: int, code: int) -> None:
+        if generation != self._generation or self.wanted is None:
+            return
+        self.worker = None
+        self._training_since = None
+        self.running_changed.emit(False)
+        self._failed(f"The worker stopped unexpectedly (exit code {code}).")
+
+    def _failed(self, message: str) -> None:
+        delay = self.backoff[min(self.failures, len(self.backoff) - 1)]
+        self.failures += 1
+        logger.warning("%s Restarting in %.0f s.", message, delay)
+        self.error.emit(Error(code="worker_exit", title="Training stopped",
+                              message=f"{message} Restarting in {delay:.0f} s.", fatal=False))
+        self.restart_scheduled.emit(delay)
+        self._restart.start(int(delay * 1000))
+
+    def _send(self, command) -> None:
+        if self.worker is not None:
+            self.worker.send(command)
+
+    def _sync(self, sent: Start) -> None:
+        """Bring a just-started worker up to what changed while it started."""
+        if (self.pause_reason is not None) != sent.start_paused:
+            self._send(Pause(reason=self.pause_reason or "") if self.pause_reason is not None else Resume())
+        if self.limits is not None and self.limits != sent.limits:
+            self._send(SetLimits(limits=self.limits))
+
+    # ---- stale workers ------------------------------------------------------------------------
+
+    def _write_pid_file(self, worker: WorkerProcess) -> None:
+        try:
+            created = psutil.Process(worker.pid).create_time()
+            paths.atomic_write(self.pid_file, json.dumps({"pid": worker.pid, "create_time": created}).encode())
+        except (OSError, psutil.Error) as exc:
+            logger.warning("Cannot write %s: %s", self.pid_file, exc)
+
+    def _clear_pid_file(self) -> None:
+        self.pid_file.unlink(missing_ok=True)
+
+    def reap_stale(self) -> bool:
+        """Kill the process group of a worker left by an earlier run of the app. True if one was found."""
+        try:
+            record = json.loads(self.pid_file.read_text())
+            pid, created = int(record["pid"]), float(record["create_time"])
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, KeyError, TypeError):
+            self._clear_pid_file()
+            return False
+        found = False
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - created) < 0.01:
+                logger.warning("Stopping a worker left over from an earlier run (pid %d)", pid)
+                os.killpg(pid, signal.SIGKILL)
+                proc.wait(10)
+                found = True
+        except (psutil.Error, ProcessLookupError, PermissionError) as exc:
+            logger.info("No stale worker %d: %s", pid, exc)
+        _reap_group(pid)
+        self._clear_pid_file()
+        return found
+
+
+def _reap_group(pgid: int) -> None:
+    """Kill what is left of a process group (hivemind's helpers, p2pd)."""
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                proc.kill()
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+
+
+def _worker_log():
+    path = paths.log_dir() / "worker.log"
+    try:
+        if path.exists() and path.stat().st_size > 10 * 2**20:
+            path.replace(path.with_suffix(".log.1"))
+        return open(path, "a")  # noqa: SIM115 - the worker process owns it
+    except OSError as exc:
+        raise DedlocError(f"Cannot open the worker log {path}: {exc}") from exc

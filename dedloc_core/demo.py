@@ -1,0 +1,239 @@
+"""``dedloc demo``: a backbone and a few volunteer workers on loopback, training together.
+
+Shows a live progress line and, at the end, the first and last loss. Ends after ``--steps``
+global steps or Ctrl-C and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import DedlocError
+from .protocol import Error, Limits, Progress, Start, State
+from .workerproc import WorkerProcess
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dedloc demo", description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=20, help="global steps to train (default 20)")
+    p.add_argument("--peers", type=int, default=2, help="number of volunteer workers (default 2)")
+    p.add_argument("--experiment", default="tiny-lm-demo")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
+    p.add_argument("--dir", type=Path, default=None, help="keep logs and state here (default: a temp dir)")
+    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    p.add_argument("--stats-db", type=Path, default=None,
+                   help="record the first volunteer's contribution in this stats file (as the app does)")
+    return p.parse_args(argv)
+
+
+@dataclass
+class PeerView:
+    state: str = "starting"
+    progress: Progress | None = None
+    first_loss: float | None = None
+    errors: list[Error] = field(default_factory=list)
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # a terminated demo cleans up like Ctrl-C
+    if args.dir:
+        args.dir.mkdir(parents=True, exist_ok=True)
+        return Demo(args, args.dir).run()
+    with tempfile.TemporaryDirectory(prefix="dedloc-demo-") as tmp:
+        return Demo(args, Path(tmp)).run()
+
+
+class Demo:
+    def __init__(self, args: argparse.Namespace, root: Path):
+        self.args, self.root = args, root
+        self.backbone: subprocess.Popen | None = None
+        self.workers: list[WorkerProcess] = []
+        self.views: list[PeerView] = []
+        self.recorder = None  # statsrecorder.StatsRecorder of the first volunteer, with --stats-db
+        self.ready: dict = {}
+
+    def run(self) -> int:
+        began = time.monotonic()
+        try:
+            ready = self.ready = self._start_backbone()
+            experiment = self._experiment()
+            print(f"Backbone up at {ready['maddrs'][0]}; starting {self.args.peers} volunteers …", flush=True)
+            for i in range(self.args.peers):
+                self._start_worker(i, experiment, ready)
+            return self._watch(began)
+        except KeyboardInterrupt:
+            print("\nInterrupted; stopping …", flush=True)
+            self._summary(began)
+            return 130
+        except DedlocError as exc:
+            print(f"\n{exc.title}: {exc.message}", file=sys.stderr)
+            return 1
+        finally:
+            self._save_swarm()
+            self._stop_all()
+            if self.recorder is not None:
+                self.recorder.close()
+
+    def _experiment(self) -> dict:
+        from .catalog import CatalogStore
+
+        result = CatalogStore(self.root / "catalog" / "last_good.json").load_default()
+        exp = result.catalog.get(self.args.experiment) if result.catalog else None
+        if exp is None:
+            raise DedlocError(f"No experiment {self.args.experiment!r} in the catalog.", title="Demo")
+        return exp.model_dump(mode="json")
+
+    def _start_backbone(self) -> dict:
+        ready_file = self.root / "backbone" / "ready.json"
+        log = open(self.root / "backbone.log", "w")  # noqa: SIM115 - closed with the process
+        self.backbone = subprocess.Popen(
+            [sys.executable, "-m", "dedloc_core.backbone", "--experiment", self.args.experiment,
+             "--run-dir", str(self.root / "backbone"), "--ready-file", str(ready_file)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            env={**os.environ, "DEDLOC_HOME": str(self.root / "backbone-home")},
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.backbone.poll() is not None:
+                raise DedlocError(f"The backbone exited; see {self.root / 'backbone.log'}", title="Demo")
+            if ready_file.exists():
+                return json.loads(ready_file.read_text())
+            time.sleep(0.2)
+        raise DedlocError("The backbone did not come up within 120 s.", title="Demo")
+
+    def _start_worker(self, i: int, experiment: dict, ready: dict) -> None:
+        home = self.root / f"peer{i}"
+        home.mkdir(exist_ok=True)
+        view = PeerView()
+        recorder = None
+        if i == 0 and self.args.stats_db:
+            from .statsrecorder import StatsRecorder
+
+            recorder = self.recorder = StatsRecorder(self.args.stats_db, experiment["id"]).start()
+
+        def on_event(event, v=view, r=recorder):
+            self._on_event(v, event)
+            if r is not None:
+                r.on_event(event)
+
+        worker = WorkerProcess(
+            env={**os.environ, "DEDLOC_HOME": str(home)},
+            stderr=open(self.root / f"peer{i}.log", "w"),  # noqa: SIM115
+            on_event=on_event,
+        )
+        worker.start()
+        worker.send(Start(experiment=experiment, initial_peers=ready["maddrs"], data_base_url=ready["http_url"],
+                          identity_path=str(home / "identity.key"), seed=i + 1,
+                          limits=Limits(cpu_threads=self.args.threads), display_name=f"demo volunteer {i + 1}"))
+        self.workers.append(worker)
+        self.views.append(view)
+
+    @staticmethod
+    def _on_event(view: PeerView, event) -> None:
+        if isinstance(event, State):
+            view.state = event.state
+        elif isinstance(event, Progress):
+            view.progress = event
+            if view.first_loss is None and event.loss is not None:
+                view.first_loss = event.loss
+        elif isinstance(event, Error):
+            view.errors.append(event)
+
+    def _watch(self, began: float) -> int:
+        deadline = began + self.args.timeout
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            for view in self.views:
+                fatal = [e for e in view.errors if e.fatal]
+                if fatal:
+                    print(f"\nA volunteer failed: {fatal[0].title}: {fatal[0].message}", file=sys.stderr)
+                    return 1
+            step = self._line()
+            if step >= self.args.steps:
+                print()
+                self._summary(began)
+                return 0
+        print("\nTimed out.", file=sys.stderr)
+        self._summary(began)
+        return 1
+
+    def _line(self) -> int:
+        progress = [v.progress for v in self.views if v.progress]
+        if not progress:
+            states = ", ".join(v.state for v in self.views)
+            print(f"\r{'waiting for volunteers: ' + states:<100}", end="", flush=True)
+            return 0
+        step = max(p.global_step for p in progress)
+        swarm = max(p.swarm_samples_per_second for p in progress)
+        losses = [p.loss for p in progress if p.loss is not None]
+        loss = f"{sum(losses) / len(losses):.3f}" if losses else "—"
+        peers = max(p.num_peers for p in progress)
+        acc = max(p.samples_accumulated for p in progress)
+        line = (f"step {step}/{self.args.steps} · swarm {swarm:.1f} samples/s · loss {loss} · "
+                f"peers {peers} · batch {acc}/{progress[0].target_batch_size}")
+        print(f"\r{line:<100}", end="", flush=True)
+        return step
+
+    def _summary(self, began: float) -> None:
+        firsts = [v.first_loss for v in self.views if v.first_loss is not None]
+        lasts = [v.progress.loss for v in self.views if v.progress and v.progress.loss is not None]
+        steps = max((v.progress.global_step for v in self.views if v.progress), default=0)
+        if not firsts or not lasts:
+            print("No loss reported yet.")
+            return
+        first, last = sum(firsts) / len(firsts), sum(lasts) / len(lasts)
+        print(f"Trained {steps} global steps with {len(self.views)} volunteers in "
+              f"{time.monotonic() - began:.0f} s.")
+        print(f"First loss: {first:.3f}   Last loss: {last:.3f}   ({'falling' if last < first else 'NOT falling'})")
+
+    def _save_swarm(self) -> None:
+        """Keep the backbone's last swarm summary as ``swarm.json`` in the demo's directory."""
+        url = self.ready.get("http_url")
+        if not url or self.backbone is None or self.backbone.poll() is not None:
+            return
+        from .swarmview import SwarmUnavailable, fetch_summary
+
+        try:
+            summary = fetch_summary(url + "swarm.json", timeout=5)
+        except SwarmUnavailable as exc:
+            print(f"{exc.title}: {exc.message}", file=sys.stderr)
+            return
+        (self.root / "swarm.json").write_text(summary.model_dump_json(indent=1))
+        board = ", ".join(f"{c.name}: {c.samples}" for c in summary.leaderboard)
+        print(f"Swarm at step {summary.global_step}; leaderboard: {board or '(empty)'}")
+
+    def _stop_all(self) -> None:
+        for worker in self.workers:
+            worker.send_line('{"v":1,"type":"stop"}')
+        for worker in self.workers:
+            worker.stop(timeout=20)
+        if self.backbone is not None:
+            if self.backbone.poll() is None:
+                self.backbone.terminate()  # the backbone saves a checkpoint and shuts hivemind down
+                try:
+                    self.backbone.wait(30)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(self.backbone.pid, signal.SIGKILL)  # whatever is left of its group
+            except ProcessLookupError:
+                pass
+            self.backbone.wait(5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

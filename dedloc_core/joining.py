@@ -1,0 +1,80 @@
+"""What the app sends a worker to join an experiment: the ``Start`` command built from the catalog
+entry, the preferences and where the swarm's files are. Plain Python, no Qt, no torch.
+
+Overrides for organizers and tests (environment): ``DEDLOC_CATALOG_URL`` (where the signed catalog
+is refreshed from; relative shard URLs resolve next to it), ``DEDLOC_INITIAL_PEERS`` (extra
+bootstrap multiaddrs, space-separated), ``DEDLOC_TRUSTED_KEYS`` (a folder of extra ``*.pub`` keys).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urljoin
+
+from . import paths
+from .catalog import Experiment
+from .prefs import Preferences
+from .protocol import Limits, Start
+
+
+def catalog_url() -> str | None:
+    return os.environ.get("DEDLOC_CATALOG_URL") or None
+
+
+def extra_peers() -> list[str]:
+    return os.environ.get("DEDLOC_INITIAL_PEERS", "").split()
+
+
+def trusted_key_paths() -> list[Path] | None:
+    """Folders of trusted keys: the shipped ones plus ``DEDLOC_TRUSTED_KEYS``; None = shipped only."""
+    extra = os.environ.get("DEDLOC_TRUSTED_KEYS")
+    if not extra:
+        return None
+    from importlib import resources
+
+    with resources.as_file(paths.resource("trusted_keys")) as shipped:
+        return [Path(shipped), Path(extra)]
+
+
+def swarm_summary_url() -> str | None:
+    """The backbone's swarm summary, served next to the catalog."""
+    url = catalog_url()
+    return urljoin(url, "swarm.json") if url else None
+
+
+def data_base_url(experiment: Experiment, catalog: str | None) -> str | None:
+    """Where relative shard URLs resolve: the experiment's base, else next to the catalog."""
+    if experiment.data.base_url:
+        return None  # the worker uses the experiment's own base_url
+    if catalog:
+        return urljoin(catalog, ".")
+    return None
+
+
+def cpu_threads(share_percent: int, threads: int) -> int:
+    return max(1, round(threads * share_percent / 100))
+
+
+def limits(prefs: Preferences, threads: int, *, in_use: bool = False, gpu_allowed: bool = True) -> Limits:
+    share = prefs.cpu_share_in_use if in_use else prefs.cpu_share_idle
+    return Limits(
+        cpu_threads=cpu_threads(share, threads),
+        use_gpu=prefs.use_gpu and gpu_allowed and (prefs.gpu_while_in_use or not in_use),
+        upload_bps=prefs.upload_cap_kbs * 1000 if prefs.upload_cap_kbs else None,
+        download_bps=prefs.download_cap_kbs * 1000 if prefs.download_cap_kbs else None,
+    )
+
+
+def start_command(experiment: Experiment, prefs: Preferences, *, threads: int, data_url: str | None,
+                  start_paused: bool = False, limits_now: Limits | None = None) -> Start:
+    peers = list(dict.fromkeys([*experiment.initial_peers, *extra_peers()]))
+    return Start(
+        experiment=experiment.model_dump(mode="json"),
+        initial_peers=peers,
+        data_base_url=data_url,
+        identity_path=str(paths.data_dir() / "identity.key"),
+        limits=limits_now or limits(prefs, threads),
+        start_paused=start_paused,
+        display_name=prefs.display_name,
+    )

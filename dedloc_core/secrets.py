@@ -1,0 +1,46 @@
+"""Access tokens in the OS keyring (never in a plain file). Calls may block (D-Bus, a locked
+keyring): the app runs them off the GUI thread."""
+
+from __future__ import annotations
+
+from .errors import DedlocError
+
+SERVICE = "dedloc-volunteer"
+
+
+class SecretError(DedlocError):
+    title = "Keyring unavailable"
+
+
+def _keyring():
+    import keyring
+    import keyring.errors
+
+    return keyring, keyring.errors.KeyringError
+
+
+def get_token(experiment_id: str) -> str | None:
+    keyring, failure = _keyring()
+    try:
+        return keyring.get_password(SERVICE, f"token:{experiment_id}")
+    except failure as exc:
+        raise SecretError(f"Cannot read the access token from the system keyring: {exc}") from exc
+
+
+def set_token(experiment_id: str, token: str) -> None:
+    keyring, failure = _keyring()
+    try:
+        keyring.set_password(SERVICE, f"token:{experiment_id}", token)
+    except failure as exc:
+        raise SecretError(f"Cannot store the access token in the system keyring: {exc}. "
+                          "Install or unlock a keyring (e.g. GNOME Keyring or KWallet).") from exc
+
+
+def delete_token(experiment_id: str) -> None:
+    keyring, failure = _keyring()
+    try:
+        keyring.delete_password(SERVICE, f"token:{experiment_id}")
+    except keyring.errors.PasswordDeleteError:
+        pass
+    except failure as exc:
+        raise SecretError(f"Cannot remove the access token from the system keyring: {exc}") from exc

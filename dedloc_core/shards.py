@@ -1,0 +1,430 @@
+"""Data shards: (URL, sha256, size), fetched into a bounded, verified cache.
+
+``Shard`` describes one shard (it comes from the signed catalog); ``ShardCache.fetch`` returns a
+local, verified copy or raises ``ShardError`` with one of these codes:
+
+    bad_url      the URL is not http(s), is relative without a base, or has ``..`` segments
+    too_large    the shard (or the set asked for together) does not fit in the cache
+    corrupt      the server kept sending bytes that do not match the sha256 and size
+    unreachable  the server could not be reached or the download kept breaking off
+    disk_error   the cache directory cannot be written
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.error import HTTPError, URLError
+from urllib.parse import SplitResult, unquote, urljoin, urlsplit, urlunsplit
+from urllib.request import HTTPRedirectHandler, Request, build_opener
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from dedloc_core.errors import ShardError
+
+try:
+    import fcntl
+except ImportError:  # Windows: the worker does not run there; threads still take turns
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["Progress", "Shard", "ShardCache", "resolve_url"]
+
+logger = logging.getLogger(__name__)
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class Shard(BaseModel):
+    """One data shard. ``url`` is absolute (http/https) or relative to the experiment's data base URL."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(min_length=1, max_length=2048)
+    sha256: str
+    size: int = Field(gt=0, le=64 * 2**30)
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        if not _SHA256.match(value):
+            raise ValueError("sha256 must be 64 lowercase hex digits")
+        return value
+
+
+# -- the cache ---------------------------------------------------------------------------------------
+
+Progress = Callable[[int, int], None]
+
+_CHUNK = 1 << 16
+_HASH_CHUNK = 1 << 20
+_NAME = re.compile(r"^([0-9a-f]{64})(\.part)?$")
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+_USER_AGENT = "dedloc-volunteer-shards/1"
+
+
+def resolve_url(shard: Shard, base_url: str | None) -> str:
+    """The absolute http(s) URL of ``shard``; raises ``ShardError(code="bad_url")``.
+
+    A relative URL is a path under ``base_url`` (treated as a folder): no scheme-relative
+    ``//host``, no leading ``/``, no ``..`` segments.
+    """
+    url = shard.url
+    try:
+        parts = _split(url, what="shard URL")
+        if parts.scheme:
+            _check_http(url, parts, what="shard URL")
+            return url
+        if parts.netloc or url.startswith("/"):
+            raise _bad_url(url, "a relative shard URL must be a path under the data base URL")
+        if base_url is None:
+            raise _bad_url(url, "it is relative and the experiment gives no data base URL")
+        base = _split(base_url, what="data base URL")
+        _check_http(base_url, base, what="data base URL")
+    except ValueError as exc:  # urlsplit and .port on malformed hosts and ports
+        raise _bad_url(url, f"it cannot be parsed ({exc})") from exc
+    if not base.path.endswith("/"):
+        base = base._replace(path=base.path + "/")
+    return urljoin(urlunsplit(base._replace(query="", fragment="")), url)
+
+
+def _split(url: str, *, what: str) -> SplitResult:
+    if not url.isascii() or any(ord(char) <= 0x20 or ord(char) == 0x7F for char in url):
+        raise _bad_url(url, f"the {what} contains spaces, control or non-ASCII characters")
+    parts = urlsplit(url)
+    if ".." in re.split(r"[/\\]", unquote(parts.path)):
+        raise _bad_url(url, f"the {what} contains '..' path segments")
+    return parts
+
+
+def _check_http(url: str, parts: SplitResult, *, what: str) -> None:
+    if parts.scheme.lower() not in ("http", "https"):
+        scheme = parts.scheme or "no"
+        raise _bad_url(url, f"the {what} uses the {scheme!r} scheme; only http and https are allowed")
+    if not parts.hostname:
+        raise _bad_url(url, f"the {what} has no host")
+    _ = parts.port  # raises ValueError for a port that is not a number in range
+
+
+def _bad_url(url: str, why: str) -> ShardError:
+    return ShardError(f"Cannot use the data shard URL {url!r}: {why}.", code="bad_url")
+
+
+class _Mismatch(Exception):
+    """The bytes we got are not the shard: start over from zero."""
+
+
+class _Unreachable(Exception):
+    """A network failure: retry, resuming what we have."""
+
+
+class _HttpOnlyRedirects(HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        if urlsplit(newurl).scheme.lower() not in ("http", "https"):
+            raise HTTPError(newurl, code, f"redirect to a non-http URL: {newurl}", headers, fp)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+class ShardCache:
+    """A bounded, content-addressed cache of verified shards under ``root``.
+
+    Files are named by sha256: ``<sha>`` (complete, verified), ``<sha>.part`` (a download to
+    resume), ``<sha>.ok`` (size, mtime, ctime and inode of ``<sha>`` when it last verified, so a hit
+    need not re-hash). One lock (a ``threading.Lock`` and ``flock`` on ``root/.lock``) covers each
+    fetch, so threads and processes sharing a cache take turns. The least recently used shards are
+    evicted to stay under ``max_bytes``.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        max_bytes: int,
+        *,
+        retries: int = 3,
+        timeout: float = 30,
+        backoff: float = 1.0,
+    ) -> None:
+        if max_bytes <= 0 or retries < 1:
+            raise ValueError("max_bytes must be positive and retries at least 1")
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.retries = retries
+        self.timeout = timeout
+        self.backoff = backoff
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._thread_lock = threading.Lock()
+        self._opener = build_opener(_HttpOnlyRedirects)
+
+    resolve_url = staticmethod(resolve_url)
+
+    def fetch(self, shard: Shard, base_url: str | None = None, progress: Progress | None = None) -> Path:
+        """The local path of ``shard``, verified; downloaded (or resumed) if needed."""
+        url = resolve_url(shard, base_url)
+        with self._locked():
+            return self._fetch(shard, url, progress, protect={shard.sha256})
+
+    def fetch_all(
+        self, shards: Sequence[Shard], base_url: str | None = None, progress: Progress | None = None
+    ) -> list[Path]:
+        """``fetch`` each shard; none of them evicts another. ``progress`` sees the whole set."""
+        urls = [resolve_url(shard, base_url) for shard in shards]
+        sizes = {shard.sha256: shard.size for shard in shards}
+        total = sum(sizes.values())
+        if total > self.max_bytes:
+            raise ShardError(
+                f"The {len(sizes)} data shards need {total} bytes together, more than the shard cache "
+                f"may hold ({self.max_bytes} bytes). Allow a larger cache in the settings.",
+                code="too_large",
+            )
+        paths: list[Path] = []
+        protect: set[str] = set()
+        done = 0
+        with self._locked():
+            for shard, url in zip(shards, urls, strict=True):
+                first = shard.sha256 not in protect
+                protect.add(shard.sha256)
+                offset = done
+
+                def report(now: int, _: int, offset: int = offset) -> None:
+                    if progress is not None:
+                        progress(offset + now, total)
+
+                paths.append(self._fetch(shard, url, report if first else None, protect=protect))
+                done += shard.size if first else 0
+        return paths
+
+    def usage(self) -> int:
+        """Bytes held by complete shards and partial downloads."""
+        with self._locked():
+            return sum(size for _, _, size, _ in self._entries())
+
+    # -- internals -------------------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the cache; file system errors in the block become ``ShardError("disk_error")``."""
+        try:
+            with self._thread_lock, open(self.root / ".lock", "a+b") as handle:
+                if fcntl is not None:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    if fcntl is not None:
+                        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        except OSError as exc:
+            where = exc.filename or self.root
+            raise ShardError(
+                f"Cannot use the data shard cache ({where}): {exc.strerror or exc}. "
+                "Check the free disk space and the permissions of the cache folder.",
+                code="disk_error",
+            ) from exc
+
+    def _fetch(self, shard: Shard, url: str, progress: Progress | None, *, protect: set[str]) -> Path:
+        final = self.root / shard.sha256
+        if self._valid(shard, final):
+            _touch(final)
+            self._write_marker(final)
+            if progress is not None:
+                progress(shard.size, shard.size)
+            return final
+        if shard.size > self.max_bytes:
+            raise ShardError(
+                f"The data shard {url} is {shard.size} bytes, more than the whole shard cache may hold "
+                f"({self.max_bytes} bytes). Allow a larger cache in the settings.",
+                code="too_large",
+            )
+        part = final.with_name(shard.sha256 + ".part")
+        failure = ""
+        code = "unreachable"
+        for attempt in range(self.retries):
+            if attempt:
+                time.sleep(min(self.backoff * 2 ** (attempt - 1), 30.0))
+            try:
+                self._make_room(shard, protect)
+                self._download(shard, url, part, progress)
+                os.replace(part, final)
+                _touch(final)
+                self._write_marker(final)
+                return final
+            except _Mismatch as exc:
+                part.unlink(missing_ok=True)
+                failure, code = str(exc), "corrupt"
+            except _Unreachable as exc:
+                failure, code = str(exc), "unreachable"
+            logger.warning("shard %s, attempt %d of %d: %s", url, attempt + 1, self.retries, failure)
+        if code == "corrupt":
+            message = (
+                f"The data shard {url} failed verification {self.retries} times ({failure}). The server "
+                "is not serving the data the experiment describes; it was discarded."
+            )
+        else:
+            message = f"Could not download the data shard {url} after {self.retries} attempts: {failure}."
+        raise ShardError(message, code=code)
+
+    def _download(self, shard: Shard, url: str, part: Path, progress: Progress | None) -> None:
+        """Fill ``part`` with the verified shard, resuming it if it exists."""
+        offset = part.stat().st_size if part.exists() else 0
+        if offset > shard.size:
+            part.unlink()
+            offset = 0
+        if offset == shard.size:  # a finished download that was never renamed
+            _verify(shard, _hash_file(part), offset)
+            return
+        response = self._open(url, offset)
+        with response:
+            if response.status == 200:
+                offset = 0
+            elif response.status == 206:
+                _check_content_range(response.headers.get("Content-Range"), offset, shard.size)
+            else:
+                raise _Unreachable(f"unexpected HTTP status {response.status}")
+            length = response.headers.get("Content-Length")
+            if length is not None and length.isdigit() and offset + int(length) != shard.size:
+                raise _Mismatch(f"the server sends {offset + int(length)} bytes, expected {shard.size}")
+            with open(part, "r+b" if offset else "wb") as out:
+                out.truncate(offset)
+                digest = _hash_file(part, out) if offset else hashlib.sha256()
+                out.seek(offset)
+                done = offset
+                if progress is not None:
+                    progress(done, shard.size)
+                while done < shard.size:
+                    chunk = _read(response, min(_CHUNK, shard.size - done))
+                    if not chunk:
+                        raise _Unreachable(f"the connection closed after {done} of {shard.size} bytes")
+                    out.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, shard.size)
+                if _read(response, 1):
+                    raise _Mismatch(f"the server sends more than the expected {shard.size} bytes")
+                out.flush()
+                os.fsync(out.fileno())
+        _verify(shard, digest, done)
+
+    def _open(self, url: str, offset: int) -> Any:
+        """An HTTP response for ``url`` from ``offset`` on (a 416 restarts from zero)."""
+        headers = {"User-Agent": _USER_AGENT, "Accept-Encoding": "identity"}
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        try:
+            return self._opener.open(Request(url, headers=headers), timeout=self.timeout)
+        except HTTPError as exc:
+            exc.close()
+            if exc.code == 416 and offset:
+                return self._open(url, 0)
+            raise _Unreachable(f"HTTP {exc.code} {exc.reason}") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            reason = exc.reason if isinstance(exc, URLError) else exc
+            raise _Unreachable(f"{reason or type(exc).__name__}") from exc
+
+    def _valid(self, shard: Shard, final: Path) -> bool:
+        """Whether ``final`` holds the shard; a damaged copy is deleted."""
+        marker = final.with_name(shard.sha256 + ".ok")
+        try:
+            info = final.stat()
+        except FileNotFoundError:
+            marker.unlink(missing_ok=True)
+            return False
+        if info.st_size == shard.size:
+            try:
+                if marker.read_text() == _stamp(info):
+                    return True
+            except OSError:
+                pass
+            try:
+                _verify(shard, _hash_file(final), info.st_size)
+                return True
+            except _Mismatch as exc:
+                logger.warning("cached shard %s is damaged (%s); fetching it again", final.name, exc)
+        final.unlink()
+        marker.unlink(missing_ok=True)
+        return False
+
+    def _write_marker(self, final: Path) -> None:
+        final.with_name(final.name + ".ok").write_text(_stamp(final.stat()))
+
+    def _entries(self) -> list[tuple[float, Path, int, str]]:
+        """``(last use, path, size, sha)`` of every complete shard and partial download."""
+        entries = []
+        for path in self.root.iterdir():
+            match = _NAME.match(path.name)
+            if match is None:
+                continue
+            try:
+                info = path.stat()
+            except FileNotFoundError:
+                continue
+            entries.append((info.st_mtime_ns, path, info.st_size, match.group(1)))
+        return sorted(entries, key=lambda entry: entry[0])
+
+    def _make_room(self, shard: Shard, protect: set[str]) -> None:
+        """Evict least recently used files until ``shard`` fits; its own ``.part`` counts as its."""
+        entries = [entry for entry in self._entries() if entry[3] != shard.sha256]
+        used = sum(size for _, _, size, _ in entries)
+        for _, path, size, sha in entries:
+            if used + shard.size <= self.max_bytes:
+                return
+            if sha in protect:
+                continue
+            logger.info("evicting shard %s (%d bytes) from the cache", path.name, size)
+            path.unlink(missing_ok=True)
+            path.with_name(sha + ".ok").unlink(missing_ok=True)
+            used -= size
+        if used + shard.size > self.max_bytes:
+            raise ShardError(
+                f"The shard cache ({self.max_bytes} bytes) is full of shards in use; "
+                "allow a larger cache in the settings.",
+                code="too_large",
+            )
+
+
+def _read(response: Any, size: int) -> bytes:
+    try:
+        return bytes(response.read(size))
+    except (OSError, http.client.HTTPException) as exc:
+        raise _Unreachable(f"the download broke off: {exc or type(exc).__name__}") from exc
+
+
+def _check_content_range(header: str | None, offset: int, size: int) -> None:
+    match = _CONTENT_RANGE.match(header or "")
+    if match is None or int(match.group(1)) != offset:
+        raise _Unreachable(f"the server answered a resume from byte {offset} with range {header!r}")
+    if match.group(3) != "*" and int(match.group(3)) != size:
+        raise _Mismatch(f"the server has {match.group(3)} bytes, expected {size}")
+
+
+def _hash_file(path: Path, handle: BinaryIO | None = None) -> hashlib._Hash:
+    digest = hashlib.sha256()
+    with open(path, "rb") if handle is None else nullcontext(handle) as source:
+        source.seek(0)
+        while chunk := source.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest
+
+
+def _verify(shard: Shard, digest: hashlib._Hash, size: int) -> None:
+    if size != shard.size or digest.hexdigest() != shard.sha256:
+        raise _Mismatch(
+            f"got {size} bytes with sha256 {digest.hexdigest()}, expected {shard.size} bytes "
+            f"with sha256 {shard.sha256}"
+        )
+
+
+def _stamp(info: os.stat_result) -> str:
+    return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}\n"
+
+
+def _touch(path: Path) -> None:
+    now = time.time_ns()
+    os.utime(path, ns=(now, now))

@@ -1,0 +1,223 @@
+"""Building a hivemind DHT and Optimizer for one experiment (used by the worker and the backbone).
+
+Facts from ../shared/DESIGN.md that shape this module: the Optimizer must be built in the main
+thread of a process started by fork; ``client_mode`` must be passed to both the DHT and the
+Optimizer; ``averager_opts`` reach only the state averager.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import hivemind
+import torch
+from hivemind.compression import Float16Compression
+from hivemind.optim.grad_averager import GradientAverager
+from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
+from hivemind.utils.logging import use_hivemind_log_handler
+
+from . import hivemind_patches
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SwarmConfig:
+    run_id: str
+    target_batch_size: int
+    batch_size_per_step: int
+    initial_peers: list[str] = field(default_factory=list)
+    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
+    announce_maddrs: list[str] = field(default_factory=list)
+    identity_path: str | None = None
+    client_mode: bool = False
+    matchmaking_time: float = 3.0
+    averaging_timeout: float = 30.0
+    load_state_timeout: float = 60.0
+    bandwidth: float | None = None
+    # how often peers publish and fetch progress (seconds); hivemind's defaults (0.5-10 s) cost CPU
+    min_refresh_period: float = 1.0
+    max_refresh_period: float = 10.0
+    default_refresh_period: float = 3.0
+    # how often a peer publishes its progress while accumulating (seconds); hivemind publishes after
+    # every micro-batch (a signed DHT store each time); a new epoch is still published at once
+    progress_report_period: float = 1.0
+
+
+_process_prepared = False
+_libc = None
+
+
+def prepare_process() -> None:
+    """Process-wide setup before any hivemind object is created.
+
+    Memory tuning measured with ``bench/overhead.py``: every forked child (DHT, averagers) and the
+    worker after building the Optimizer give the free pages of the C heap back to the OS
+    (``malloc_trim``), about 30 MB PSS of one peer's process tree.
+    """
+    global _process_prepared
+    mp.set_start_method("fork", force=True)
+    use_hivemind_log_handler("nowhere")  # hivemind's records propagate to our root logger
+    hivemind_patches.install()
+    if _process_prepared:
+        return
+    _process_prepared = True
+    _load_libc()
+    os.register_at_fork(after_in_child=trim_heap)
+
+
+def _load_libc() -> None:
+    global _libc
+    try:
+        _libc = ctypes.CDLL("libc.so.6")
+        _libc.malloc_trim  # noqa: B018 - glibc only
+    except (OSError, AttributeError):
+        _libc = None
+
+
+def trim_heap() -> None:
+    """Give the free pages of the C heap back to the OS (glibc ``malloc_trim``; no-op elsewhere)."""
+    if _libc is not None:
+        _libc.malloc_trim(0)
+
+
+def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
+    return hivemind.DHT(
+        initial_peers=cfg.initial_peers,
+        host_maddrs=cfg.host_maddrs,
+        announce_maddrs=cfg.announce_maddrs or None,
+        identity_path=cfg.identity_path,
+        client_mode=cfg.client_mode,
+        start=True,
+        **extra,
+    )
+
+
+def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module, recipe) -> hivemind.Optimizer:
+    """A hivemind.Optimizer that averages gradients with the swarm (DeDLOC's large-batch training)."""
+    averager_opts = {"request_timeout": 1.0}
+    grad_opts: dict = {}
+    if cfg.bandwidth is not None:
+        averager_opts["bandwidth"] = cfg.bandwidth
+        grad_opts["bandwidth"] = cfg.bandwidth
+    optimizer = RoundCountingOptimizer(
+        dht=dht,
+        run_id=cfg.run_id,
+        params=model.parameters(),
+        optimizer=recipe.build_optimizer,
+        scheduler=recipe.build_scheduler,
+        target_batch_size=cfg.target_batch_size,
+        batch_size_per_step=cfg.batch_size_per_step,
+        matchmaking_time=cfg.matchmaking_time,
+        averaging_timeout=cfg.averaging_timeout,
+        load_state_timeout=cfg.load_state_timeout,
+        client_mode=dht.client_mode,
+        grad_compression=Float16Compression(),
+        state_averaging_compression=Float16Compression(),
+        grad_averager_factory=partial(GradientAverager, request_timeout=1.0, **grad_opts),
+        averager_opts=averager_opts,
+        tracker_opts=dict(
+            min_refresh_period=cfg.min_refresh_period,
+            max_refresh_period=cfg.max_refresh_period,
+            default_refresh_period=cfg.default_refresh_period,
+            report_period=cfg.progress_report_period,
+        ),
+        verbose=False,
+    )
+    trim_heap()
+    return optimizer
+
+
+class _PacedEvent(threading.Event):
+    """``ProgressTracker.should_report_progress`` that wakes the reporter (the only thread that waits
+    on it) at most once per ``period`` seconds, unless ``hurry`` is set (a new epoch, shutdown)."""
+
+    def __init__(self, period: float):
+        super().__init__()
+        self.period = period
+        self.hurry = threading.Event()
+        self._next = 0.0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        began = time.monotonic()
+        pause = self._next - began
+        if pause > 0 and not self.hurry.is_set():
+            self.hurry.wait(pause if timeout is None else min(pause, timeout))
+        self.hurry.clear()
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
+        result = super().wait(left)
+        self._next = time.monotonic() + self.period
+        return result
+
+
+class SwarmTracker(ProgressTracker):
+    """ProgressTracker that also keeps the swarm's samples/s (the sum of the peers' reports), and
+    publishes this peer's progress at most every ``report_period`` seconds while it accumulates."""
+
+    swarm_samples_per_second = 0.0
+
+    def __init__(self, *args, report_period: float = 1.0, start: bool = True, **kwargs):
+        super().__init__(*args, start=False, **kwargs)
+        self.should_report_progress = _PacedEvent(report_period)
+        if start:
+            self.start()
+
+    def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
+        if local_epoch != self.local_progress.epoch or samples_accumulated == 0:
+            self.should_report_progress.hurry.set()
+        super().report_local_progress(local_epoch, samples_accumulated, update_global_samples)
+
+    def shutdown(self, timeout: float | None = None):
+        self.should_report_progress.hurry.set()
+        return super().shutdown(timeout)
+
+    def _parse_swarm_progress_data(self, metadata):
+        if isinstance(metadata, dict):
+            total = 0.0
+            for entry in metadata.values():
+                if entry.value is not None:
+                    total += LocalTrainingProgress.parse_obj(entry.value).samples_per_second
+            self.swarm_samples_per_second = total
+        return super()._parse_swarm_progress_data(metadata)
+
+
+class RoundCountingOptimizer(hivemind.Optimizer):
+    """hivemind.Optimizer that counts the averaging rounds it joined and tracks swarm samples/s."""
+
+    rounds_joined = 0
+    last_group_size = 0
+
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ProgressTracker:
+        return SwarmTracker(
+            dht=self.dht,
+            prefix=self.run_id,
+            target_batch_size=target_batch_size,
+            client_mode=self.client_mode,
+            status_loglevel=self.status_loglevel,
+            start=True,
+            **kwargs,
+        )
+
+    def _average_gradients_and_load_into_optimizer(self, maybe_step_control):
+        super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+        if maybe_step_control is not None and maybe_step_control.done():
+            try:
+                group = maybe_step_control.result(0)
+            except BaseException:  # a failed round: hivemind already used local gradients
+                return
+            self.rounds_joined += 1
+            self.last_group_size = len(group)
+
+
+def param_digest(model: torch.nn.Module) -> list[float]:
+    """A few numbers that identify the model's parameters (to compare peers in tests and logs)."""
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+        return [float(flat.sum()), float(flat.abs().sum()), float(flat[:: max(1, flat.numel() // 7)].sum())]

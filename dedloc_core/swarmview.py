@@ -1,0 +1,178 @@
+"""Where the swarm stands, as plain data: global step, samples/s, peers, learning curve, leaderboard.
+
+The backbone feeds a ``SwarmView`` with the learning curve and the per-peer records it reads from
+the DHT (already checked by ``metrics.fetch``), and serves ``SwarmView.to_json()`` at
+``/swarm.json``. The app fetches that document with ``fetch_summary`` (off the GUI thread) and gets
+a validated ``SwarmSummary``. Imports no torch, hivemind or Qt.
+
+A peer's ``samples`` count from zero in each worker session; the leaderboard adds the sessions up
+(a count that goes down starts a new session).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import DedlocError
+
+logger = logging.getLogger(__name__)
+
+CURVE_POINTS = 1000  # the learning curve keeps this many latest points
+ACTIVE_SECONDS = 120.0  # a peer seen this recently counts as active on the leaderboard
+MAX_SUMMARY_BYTES = 4 << 20
+
+
+class CurvePoint(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    time: float
+    step: int = Field(ge=0)
+    loss: float | None = None
+    samples_per_second: float = Field(0.0, ge=0.0)
+    num_peers: int = Field(0, ge=0)
+
+
+class Contributor(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    peer_id: str = Field(max_length=128)
+    display_name: str = Field("", max_length=64)
+    samples: int = Field(ge=0)
+    compute_seconds: float = Field(0.0, ge=0.0)
+    last_seen: float = 0.0
+    active: bool = False
+
+    @property
+    def name(self) -> str:
+        """The volunteer's chosen name, or a short peer id."""
+        return self.display_name.strip() or short_peer_id(self.peer_id)
+
+
+class SwarmSummary(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    run_id: str = ""
+    updated: float = 0.0
+    global_step: int = Field(0, ge=0)
+    samples_per_second: float = Field(0.0, ge=0.0)
+    num_peers: int = Field(0, ge=0)
+    learning_curve: list[CurvePoint] = []
+    leaderboard: list[Contributor] = []
+
+
+def short_peer_id(peer_id: str) -> str:
+    return f"…{peer_id[-8:]}" if len(peer_id) > 8 else peer_id
+
+
+class SwarmView:
+    """The backbone's running summary of the swarm. Thread-safe (the HTTP thread reads it)."""
+
+    def __init__(self, run_id: str = ""):
+        self.run_id = run_id
+        self._lock = threading.Lock()
+        self._curve: list[CurvePoint] = []
+        self._peers: dict[str, dict] = {}  # peer_id -> banked, session, name, compute, last_seen
+        self._status: tuple[int, float, int] | None = None  # step, samples/s, peers (latest reading)
+
+    def set_status(self, step: int, samples_per_second: float, num_peers: int) -> None:
+        """The latest global step, swarm samples/s and number of peers."""
+        with self._lock:
+            self._status = (max(0, step), max(0.0, samples_per_second), max(0, num_peers))
+
+    def add_point(self, point: dict) -> None:
+        """One learning-curve entry (as the backbone writes to learning_curve.jsonl)."""
+        try:
+            parsed = CurvePoint.model_validate(point)
+        except ValidationError:
+            return
+        with self._lock:
+            self._curve.append(parsed)
+            del self._curve[:-CURVE_POINTS]
+
+    def add_record(self, peer_id: str, display_name: str, samples: int, compute_seconds: float, seen: float) -> None:
+        """One verified per-peer record (cumulative over that peer's worker session)."""
+        with self._lock:
+            peer = self._peers.setdefault(peer_id, {"banked": 0, "session": 0, "banked_s": 0.0, "session_s": 0.0})
+            if samples < peer["session"]:  # a new worker session
+                peer["banked"] += peer["session"]
+                peer["banked_s"] += peer["session_s"]
+            peer.update(session=samples, session_s=compute_seconds, last_seen=max(seen, peer.get("last_seen", 0.0)))
+            if display_name:
+                peer["name"] = display_name
+
+    def summary(self, now: float | None = None) -> SwarmSummary:
+        now = time.time() if now is None else now
+        with self._lock:
+            curve = list(self._curve)
+            status = self._status
+            board = [
+                Contributor(peer_id=pid, display_name=p.get("name", ""), samples=p["banked"] + p["session"],
+                            compute_seconds=p["banked_s"] + p["session_s"], last_seen=p["last_seen"],
+                            active=now - p["last_seen"] <= ACTIVE_SECONDS)
+                for pid, p in self._peers.items()
+            ]
+        board.sort(key=lambda c: (-c.samples, c.peer_id))
+        if status is None and curve:
+            status = (curve[-1].step, curve[-1].samples_per_second, curve[-1].num_peers)
+        step, sps, peers = status or (0, 0.0, 0)
+        return SwarmSummary(run_id=self.run_id, updated=now, global_step=step, samples_per_second=sps,
+                            num_peers=peers, learning_curve=curve, leaderboard=board)
+
+    def to_json(self) -> bytes:
+        return self.summary().model_dump_json().encode()
+
+    @classmethod
+    def load(cls, run_dir: Path, run_id: str = "") -> SwarmView:
+        """Rebuild from the backbone's files (``learning_curve.jsonl``, ``contributions.csv``)."""
+        view = cls(run_id)
+        curve = run_dir / "learning_curve.jsonl"
+        if curve.exists():
+            for line in curve.read_text(errors="replace").splitlines():
+                try:
+                    view.add_point(json.loads(line))
+                except ValueError:
+                    continue  # a line cut by a crash
+        contrib = run_dir / "contributions.csv"
+        if contrib.exists():
+            with contrib.open(newline="", errors="replace") as f:
+                for row in csv.DictReader(f):
+                    try:
+                        view.add_record(row["peer_id"], row.get("display_name") or "", int(row["samples"]),
+                                        float(row["compute_seconds"]), float(row["time"]))
+                    except (KeyError, TypeError, ValueError):
+                        continue
+        return view
+
+
+class SwarmUnavailable(DedlocError):
+    title = "Swarm status unavailable"
+
+
+def parse_summary(data: bytes | str | dict) -> SwarmSummary:
+    """Validate a swarm summary; raise ``SwarmUnavailable`` with a clear message if it is bad."""
+    try:
+        if isinstance(data, dict):
+            return SwarmSummary.model_validate(data)
+        return SwarmSummary.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise SwarmUnavailable(f"The swarm summary is malformed ({where}: {first['msg']}).") from exc
+
+
+def fetch_summary(url: str, timeout: float = 10.0) -> SwarmSummary:
+    """GET ``url`` (e.g. the backbone's ``…/swarm.json``). Blocks: call it off the GUI thread."""
+    import urllib.request  # here: it pulls in ssl, a few MB the page does not need
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http(s) from the catalog
+            data = response.read(MAX_SUMMARY_BYTES + 1)
+    except OSError as exc:
+        raise SwarmUnavailable(f"Could not reach {url}: {exc}") from exc
+    if len(data) > MAX_SUMMARY_BYTES:
+        raise SwarmUnavailable(f"The swarm summary at {url} is too large.")
+    return parse_summary(data)

@@ -1,0 +1,255 @@
+"""One training session inside the worker: data, recipe, DHT, Optimizer and the training loop.
+
+Imports torch and hivemind; only the worker process imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+from . import hivemind_patches, metrics, paths
+from .errors import WorkerError
+from .protocol import Progress, Start, State, Stats
+from .worker import Control, EventChannel
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CACHE_BYTES = 2 * 2**30
+METRICS_PERIOD = 5.0  # seconds between metrics records in the DHT
+
+
+class Session:
+    """Owns the DHT, the Optimizer and the model of one experiment; stops them on exit."""
+
+    def __init__(self, start: Start, control: Control, channel: EventChannel):
+        self.start, self.control, self.channel = start, control, channel
+        self.dht = self.optimizer = self.model = None
+        self.samples = 0
+        self.compute_seconds = 0.0
+        self.paused_seconds = 0.0
+        self.loss_ema: float | None = None
+        self._window = (time.monotonic(), 0, 0.0)  # (time, samples, compute) at last progress
+        self._digest: tuple[int, list[float]] = (-1, [])
+        self._next_publish = 0.0
+
+    # ---- setup / teardown -------------------------------------------------------------------
+
+    def __enter__(self) -> Session:
+        from .catalog import Experiment
+
+        try:
+            self.experiment = Experiment.model_validate_json(json.dumps(self.start.experiment))
+        except ValueError as exc:
+            raise WorkerError(f"The experiment description is invalid: {exc}", code="bad_experiment") from exc
+        exp = self.experiment
+        self._state("preparing", f"Fetching data for {exp.title}")
+        shard_paths = self._fetch_data()
+
+        import torch
+
+        from . import swarm
+        from .recipes import load_recipe
+
+        swarm.prepare_process()
+        self._apply_limits()
+        self.recipe = load_recipe(exp.recipe, exp.recipe_params)
+        self.model = self.recipe.build_model(seed=0)
+        self.batch_size = self.start.batch_size or exp.batch_size_per_step
+        self.batches = self.recipe.batches(shard_paths, self.batch_size, seed=self.start.seed)
+        self.torch = torch
+
+        self._state("joining", f"Joining the swarm of {exp.title}")
+        cfg = swarm.SwarmConfig(
+            run_id=exp.run_id,
+            target_batch_size=exp.target_batch_size,
+            batch_size_per_step=self.batch_size,
+            initial_peers=self.start.initial_peers if self.start.initial_peers is not None else exp.initial_peers,
+            host_maddrs=self.start.host_maddrs,
+            announce_maddrs=self.start.announce_maddrs,
+            identity_path=self.start.identity_path or str(paths.data_dir() / "identity.key"),  # stable peer id
+            client_mode=self.start.client_mode,
+            matchmaking_time=exp.matchmaking_time,
+            averaging_timeout=exp.averaging_timeout,
+        )
+        metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
+        self.dht = swarm.start_dht(cfg)
+        self.public_key = metrics.add_validators(self.dht, exp.run_id)
+        self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
+        self.param_digest = swarm.param_digest
+        self.peer_id = str(self.dht.peer_id)
+        self.maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
+        logger.info("Joined run %s as %s", exp.run_id, self.peer_id)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._state("stopping", "Leaving the swarm")
+        for obj in (self.optimizer, self.dht):
+            if obj is not None:
+                try:
+                    obj.shutdown()
+                except Exception:  # noqa: BLE001 - keep tearing down
+                    logger.exception("Shutdown of %s failed", type(obj).__name__)
+        kill_children()
+
+    def _fetch_data(self) -> list[Path]:
+        from .shards import ShardCache
+
+        exp = self.experiment
+        limit = int(os.environ.get("DEDLOC_CACHE_BYTES", DEFAULT_CACHE_BYTES))
+        cache = ShardCache(paths.cache_dir() / "shards", max_bytes=limit)
+        return cache.fetch_all(exp.data.shards, base_url=self.start.data_base_url or exp.data.base_url)
+
+    def _apply_limits(self) -> None:
+        import torch
+
+        threads = self.control.limits.cpu_threads or self.start.limits.cpu_threads
+        if threads:
+            torch.set_num_threads(threads)
+        self.control.limits_changed.clear()
+
+    def _state(self, state: str, reason: str) -> None:
+        peer_id = getattr(self, "peer_id", None)
+        self.channel.send(State(state=state, reason=reason, peer_id=peer_id, maddrs=getattr(self, "maddrs", [])))
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def train(self) -> None:
+        """Train until stop; pause between micro-batches when told to."""
+        control, opt = self.control, self.optimizer
+        if self.start.start_paused:
+            control.paused.set()
+        self._state("training", f"Training {self.experiment.recipe}")
+        next_report = time.monotonic() + self.start.progress_period
+        while not control.stop.is_set() and not self.channel.broken.is_set():
+            if control.paused.is_set():
+                self._pause()
+                next_report = time.monotonic()
+                continue
+            if control.limits_changed.is_set():
+                self._apply_limits()
+            began = time.perf_counter()
+            batch = next(self.batches)
+            loss = self.recipe.loss(self.model, batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            self.compute_seconds += time.perf_counter() - began
+            self.samples += self.batch_size
+            value = float(loss.detach())
+            if math.isfinite(value):
+                self.loss_ema = value if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * value
+            if time.monotonic() >= next_report or opt.local_epoch != self._digest[0]:
+                self._report()  # periodically, and at every new global step
+                next_report = time.monotonic() + self.start.progress_period
+        self._report()
+
+    def _pause(self) -> None:
+        reason = self.control.pause_reason or "Paused"
+        self._state("paused", reason)
+        began = time.monotonic()
+        while self.control.paused.is_set() and not self.control.stop.is_set():
+            self.control.stop.wait(0.05)
+        self.paused_seconds += time.monotonic() - began
+        self._window = (time.monotonic(), self.samples, self.compute_seconds)
+        if not self.control.stop.is_set():
+            self._state("training", f"Training {self.experiment.recipe}")
+
+    def _report(self) -> None:
+        opt = self.optimizer
+        now = time.monotonic()
+        t0, s0, _ = self._window
+        local_sps = (self.samples - s0) / max(now - t0, 1e-6)
+        self._window = (now, self.samples, self.compute_seconds)
+        progress = opt.tracker.global_progress
+        sent, received = hivemind_patches.traffic()
+        self.channel.send(
+            Progress(
+                local_epoch=opt.local_epoch,
+                global_step=max(progress.epoch, opt.local_epoch),
+                samples_per_second=local_sps,
+                swarm_samples_per_second=getattr(opt.tracker, "swarm_samples_per_second", 0.0),
+                loss=self.loss_ema,
+                num_peers=progress.num_peers,
+                samples_accumulated=progress.samples_accumulated,
+                target_batch_size=progress.target_batch_size,
+                bytes_sent=sent,
+                bytes_received=received,
+                param_digest=self._current_digest(),
+            )
+        )
+        self.channel.send(
+            Stats(
+                samples=self.samples,
+                compute_seconds=self.compute_seconds,
+                rounds=opt.rounds_joined,
+                bytes_sent=sent,
+                bytes_received=received,
+                paused_seconds=self.paused_seconds,
+                device="gpu" if self._on_gpu() else "cpu",
+            )
+        )
+        if now >= self._next_publish:
+            self._next_publish = now + METRICS_PERIOD
+            self._publish_metrics(local_sps)
+
+    def _on_gpu(self) -> bool:
+        param = next(self.model.parameters(), None)
+        return param is not None and param.device.type == "cuda"
+
+    def _current_digest(self) -> list[float]:
+        epoch = self.optimizer.local_epoch
+        if self._digest[0] != epoch:
+            self._digest = (epoch, self.param_digest(self.model))
+        return self._digest[1]
+
+    def _publish_metrics(self, local_sps: float) -> None:
+        opt = self.optimizer
+        metrics.publish(
+            self.dht,
+            self.experiment.run_id,
+            self.public_key,
+            metrics.PeerMetrics(
+                peer_id=self.peer_id,
+                step=opt.local_epoch,
+                loss=self.loss_ema,
+                samples=self.samples,
+                samples_per_second=local_sps,
+                compute_seconds=self.compute_seconds,
+                time=time.time(),
+                display_name=self.start.display_name,
+            ),
+        )
+
+
+def kill_children(timeout: float = 3.0) -> None:
+    """Terminate, then kill, every process this one started (hivemind's helpers and p2pd).
+
+    Spares ``torch_shm_manager``: it exits by itself once its last client is gone, and it is what
+    unlinks our shared-memory tensors then. Killed while we still run, it left those segments in
+    /dev/shm, and our own exit aborted (SIGABRT, libshm "Broken pipe" while freeing a tensor)."""
+    children = [c for c in psutil.Process().children(recursive=True) if not _is_shm_manager(c)]
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=timeout)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _is_shm_manager(proc: psutil.Process) -> bool:
+    try:
+        return proc.name().startswith("torch_shm_manag")  # the kernel's comm is cut to 15 characters
+    except psutil.Error:
+        return False

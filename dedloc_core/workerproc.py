@@ -1,0 +1,199 @@
+"""Starting, talking to and stopping a worker process. No Qt: the app's supervisor, the demo and the
+tests all use this class.
+
+The worker runs in its own session (process group), so stopping it can take hivemind's helper
+processes and p2pd with it: ``stop()`` sends the ``stop`` command, then SIGTERM, then SIGKILL to
+the whole group.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import IO
+
+import psutil
+
+from .errors import ProtocolError, WorkerError
+from .protocol import PROTOCOL_VERSION, Error, Hello, Stop, decode_event, encode
+
+logger = logging.getLogger(__name__)
+
+
+class StopResult(enum.Enum):
+    OK = "stopped"
+    KILLED = "killed"
+    NOT_RUNNING = "not running"
+
+
+def worker_command() -> list[str]:
+    """How to start a worker: this interpreter, or this frozen executable re-run with --worker."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, "--worker"]
+    return [sys.executable, "-m", "dedloc_core.worker"]
+
+
+class WorkerProcess:
+    """One worker process. Events go to ``on_event`` (from a reader thread) and to ``events``."""
+
+    def __init__(
+        self,
+        *,
+        env: dict[str, str] | None = None,
+        stderr: IO | int | None = None,
+        on_event: Callable[[object], None] | None = None,
+        extra_args: list[str] | None = None,
+    ):
+        self.env = env
+        self.stderr = stderr
+        self.on_event = on_event
+        self.extra_args = extra_args or []
+        self.events: queue.Queue = queue.Queue()
+        self.proc: subprocess.Popen | None = None
+        self.hello: Hello | None = None
+        self._hello_seen = threading.Event()
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, hello_timeout: float = 30.0) -> Hello:
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            worker_command() + self.extra_args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=env,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read_events, name=f"worker-{self.proc.pid}-events", daemon=True).start()
+        if not self._hello_seen.wait(hello_timeout) or self.hello is None:
+            self.kill()
+            raise WorkerError("The worker did not start (no hello).", code="no_hello")
+        if self.hello.protocol != PROTOCOL_VERSION:
+            self.kill()
+            raise WorkerError(f"The worker speaks protocol {self.hello.protocol}, we speak {PROTOCOL_VERSION}.")
+        return self.hello
+
+    def _read_events(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                event = decode_event(line)
+            except ProtocolError as exc:
+                event = Error(code=f"protocol.{exc.code}", title=exc.title, message=exc.message)
+            if isinstance(event, Hello):
+                self.hello = event
+                self._hello_seen.set()
+            self.events.put(event)
+            if self.on_event is not None:
+                try:
+                    self.on_event(event)
+                except Exception:  # noqa: BLE001 - a bad callback must not stop the reader
+                    logger.exception("Event callback failed")
+        self._hello_seen.set()
+        self.events.put(None)  # end of stream
+
+    def send(self, command) -> bool:
+        """Send one command; False if the worker is gone."""
+        return self.send_line(encode(command))
+
+    def send_line(self, line: str) -> bool:
+        with self._lock:
+            if not self.running() or self.proc is None or self.proc.stdin is None:
+                return False
+            try:
+                self.proc.stdin.write(line if line.endswith("\n") else line + "\n")
+                self.proc.stdin.flush()
+                return True
+            except (BrokenPipeError, OSError, ValueError):
+                return False
+
+    def wait_for(self, predicate: Callable[[object], bool], timeout: float) -> object | None:
+        """Consume events until one matches; None on timeout or end of stream."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                event = self.events.get(timeout=left)
+            except queue.Empty:
+                return None
+            if event is None:
+                self.events.put(None)
+                return None
+            if predicate(event):
+                return event
+
+    def stop(self, timeout: float = 20.0, term_timeout: float = 5.0) -> StopResult:
+        """Ask the worker to stop; escalate to SIGTERM, then SIGKILL of its whole process group."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._reap_group()
+            return StopResult.NOT_RUNNING
+        self.send(Stop())
+        try:
+            self.proc.wait(timeout)
+            result = StopResult.OK
+        except subprocess.TimeoutExpired:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(term_timeout)
+                result = StopResult.OK
+            except subprocess.TimeoutExpired:
+                self.kill()
+                result = StopResult.KILLED
+        self._reap_group()
+        return result
+
+    def kill(self) -> None:
+        """SIGKILL the worker and everything in its process group (a crash, as seen by the others)."""
+        if self.proc is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _signal_group(self, sig: int) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _reap_group(self, timeout: float = 3.0) -> None:
+        """Kill whatever is left in the worker's process group (e.g. p2pd after a crash)."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        leftovers = []
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(proc.pid) == pgid and proc.pid != os.getpid():
+                    leftovers.append(proc)
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+        for proc in leftovers:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(leftovers, timeout=timeout)

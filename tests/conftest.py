@@ -1,0 +1,108 @@
+"""Shared fixtures: a real HTTP server for the corpus, tiny experiments, real worker processes,
+and a reaper for anything a test leaves behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from importlib import resources
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dedloc_core.httpserve import FileServer
+from dedloc_core.protocol import Limits, Start
+from dedloc_core.workerproc import WorkerProcess
+
+CORPUS_MANIFEST = json.loads(resources.files("resources").joinpath("corpus", "manifest.json").read_text())
+
+
+def tiny_experiment(**overrides) -> dict:
+    """A catalog experiment small enough for a 2-core CI machine (about 100k parameters)."""
+    exp = {
+        "id": "tiny-lm-test",
+        "title": "Tiny LM (test)",
+        "description": "test",
+        "organizer": "tests",
+        "recipe": "tiny-lm",
+        "recipe_params": {"d_model": 64, "n_layers": 2, "n_heads": 2, "seq_len": 32, "lr": 0.01, "warmup_steps": 0},
+        "run_id": "tiny_lm_test",
+        "initial_peers": [],
+        "target_batch_size": 512,
+        "batch_size_per_step": 8,
+        "matchmaking_time": 2.0,
+        "averaging_timeout": 15.0,
+        "hardware": {"ram_gb": 1, "cpu_cores": 1, "disk_gb": 1, "gpu_required": False},
+        "data": {
+            "base_url": None,
+            "shards": [
+                {"url": f"data/{s['name']}", "sha256": s["sha256"], "size": s["size"]}
+                for s in CORPUS_MANIFEST["shards"][:2]
+            ],
+        },
+        "needs_token": False,
+        "status": "active",
+        "expires_at": None,
+    }
+    exp.update(overrides)
+    return exp
+
+
+@pytest.fixture(scope="session")
+def corpus_server():
+    """A real HTTP server serving the shipped corpus under /data/."""
+    with resources.as_file(resources.files("resources").joinpath("corpus")) as corpus:
+        server = FileServer()
+        server.serve_dir("/data/", Path(corpus))
+        with server:
+            yield server
+
+
+@pytest.fixture
+def spawn_worker(tmp_path):
+    """Start real worker processes (``dedloc_core.worker``); all are stopped after the test."""
+    started: list[WorkerProcess] = []
+
+    def spawn(name: str = "w0", home: Path | None = None) -> WorkerProcess:
+        home = home or (tmp_path / name)
+        home.mkdir(parents=True, exist_ok=True)
+        worker = WorkerProcess(
+            env={**os.environ, "DEDLOC_HOME": str(home),
+                 "DEDLOC_LOG_LEVEL": os.environ.get("DEDLOC_TEST_LOG_LEVEL", "WARNING")},
+            stderr=open(home / "worker.log", "w"),  # noqa: SIM115 - closed at exit
+        )
+        worker.start()
+        worker.home = home  # type: ignore[attr-defined]
+        started.append(worker)
+        return worker
+
+    yield spawn
+    for worker in started:
+        worker.stop(timeout=15)
+
+
+def start_command(server: FileServer, home: Path, *, initial_peers=None, seed=0, **exp_overrides) -> Start:
+    return Start(
+        experiment=tiny_experiment(**exp_overrides),
+        initial_peers=initial_peers or [],
+        data_base_url=server.url,
+        identity_path=str(home / "identity.key"),
+        seed=seed,
+        progress_period=0.5,
+        limits=Limits(cpu_threads=1),
+    )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def reap_leftovers():
+    """Fail loudly (and clean up) if the suite leaves p2pd or worker processes behind."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    leftovers = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for proc in leftovers:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass

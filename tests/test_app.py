@@ -1,0 +1,271 @@
+"""The tray app (pytest-qt, offscreen): preferences form, broken files, catalog errors, single
+instance, stale workers, and a real worker driven through the app's tray actions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import tiny_experiment
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from dedloc_core.catalog import Catalog, generate_keypair, load_private_key, public_key_line, sign_catalog  # noqa: E402
+from dedloc_core.httpserve import FileServer  # noqa: E402
+from dedloc_core.protocol import Stats  # noqa: E402
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pytestqt")
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh per-user home for the app (config, data, logs)."""
+    monkeypatch.setenv("DEDLOC_HOME", str(tmp_path / "home"))
+    for name in ("DEDLOC_CATALOG_URL", "DEDLOC_TRUSTED_KEYS", "DEDLOC_INITIAL_PEERS"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def make_app(qtbot, home):
+    from PySide6.QtWidgets import QApplication
+
+    from app.main import build
+
+    apps = []
+
+    def make(**kwargs):
+        app = build(QApplication.instance(), tray=True, **kwargs)
+        apps.append(app)
+        app.controller.start()
+        qtbot.waitUntil(lambda: app.controller.catalog is not None and app.controller.hardware is not None,
+                        timeout=15000)
+        return app
+
+    yield make
+    for app in apps:
+        done = []
+        app.controller.quit(lambda d=done: d.append(True))
+        qtbot.waitUntil(lambda d=done: bool(d), timeout=60000)
+        app.bridge.shutdown()
+        if app.tray is not None:
+            app.tray.hide()
+
+
+@pytest.fixture
+def signed_catalog_server(tmp_path, corpus_server, monkeypatch):
+    """A real HTTP server with a catalog (of the tiny test experiment) signed by a test key that the
+    app trusts through DEDLOC_TRUSTED_KEYS; shards come from the corpus server next to it."""
+    pem, public = generate_keypair("test-pass", "test key")
+    key = load_private_key(pem, "test-pass")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "test.pub").write_text(public_key_line(key.public_key(), "test") + "\n")
+    now = datetime.now(UTC)
+    exp = tiny_experiment(target_batch_size=256)
+    catalog = Catalog.model_validate({
+        "schema_version": 1, "catalog_id": "test-catalog", "issued_at": now,
+        "expires_at": now + timedelta(days=1), "experiments": [exp]})
+    body = sign_catalog(catalog, key)
+    corpus_server.add("/catalog.json", body)
+    monkeypatch.setenv("DEDLOC_CATALOG_URL", f"{corpus_server.url}catalog.json")
+    monkeypatch.setenv("DEDLOC_TRUSTED_KEYS", str(keys))
+    return corpus_server
+
+
+def test_gui_process_never_imports_torch_or_hivemind(tmp_path):
+    code = """
+import os, sys
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+from PySide6.QtWidgets import QApplication
+from app.main import build
+qapp = QApplication([])
+app = build(qapp, tray=True)
+app.controller.start()
+app.window.show()
+for name in app.window.pages:
+    app.window.show_page(name)
+    qapp.processEvents()
+import time
+end = time.time() + 3
+while time.time() < end:
+    qapp.processEvents()
+    time.sleep(0.02)
+print("heavy:" + ",".join(sorted(m for m in ("torch", "hivemind", "transformers", "numpy") if m in sys.modules)))
+"""
+    env = {**os.environ, "DEDLOC_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    heavy = next(line for line in out.stdout.splitlines() if line.startswith("heavy:"))
+    assert "torch" not in heavy and "hivemind" not in heavy, heavy
+
+
+def test_preferences_form_round_trip(make_app, home):
+    app = make_app()
+    page = app.window.show_page("Contribution")
+    page.widgets["idle_minutes"].setValue(7.5)
+    page.widgets["upload_cap_kbs"].setValue(300)
+    page.widgets["schedule"].setText("Mon-Fri 22:00-07:00")
+    page.widgets["idle_only"].setChecked(False)
+    assert page.save()
+    app.bridge.drain()
+    path = home / "config" / "preferences.json"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not path.exists():
+        time.sleep(0.05)
+    saved = json.loads(path.read_text())
+    assert saved["idle_minutes"] == 7.5 and saved["upload_cap_kbs"] == 300 and saved["idle_only"] is False
+    assert saved["schedule"][0]["days"] == [0, 1, 2, 3, 4] and saved["download_cap_kbs"] is None
+    # A bad value is refused with a message, and nothing changes on disk.
+    page.widgets["schedule"].setText("Someday 10:00-11:00")
+    assert not page.save()
+    assert "Not saved" in page.message.text() and "Someday" in page.message.text()
+    assert json.loads(path.read_text()) == saved
+    # A new app reads the saved preferences into its form.
+    again = make_app()
+    assert again.window.pages["Contribution"].widgets["upload_cap_kbs"].value() == 300
+
+
+def test_broken_preferences_file_is_kept_aside_and_shown(make_app, home):
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "preferences.json").write_text('{"idle_minutes": "soon"')
+    app = make_app()
+    assert app.controller.prefs.idle_minutes == 3.0
+    assert any("defaults are in use" in t for t in app.window.banner_texts())
+    assert list((home / "config").glob("preferences.json.broken-*"))
+    assert any("defaults" in e.message for e in app.controller.log_entries)
+
+
+def test_tampered_catalog_is_shown_with_last_good_listed(make_app, corpus_server, monkeypatch):
+    good = json.loads(Path(__file__).parent.parent.joinpath("resources", "catalog", "default.json").read_text())
+    good["payload"] = good["payload"].replace("Tiny LM (demo)", "Tiny LM (hacked)")
+    corpus_server.add("/tampered.json", json.dumps(good).encode())
+    monkeypatch.setenv("DEDLOC_CATALOG_URL", f"{corpus_server.url}tampered.json")
+    app = make_app()
+    page = app.window.show_page("Experiments")
+    assert page.error.isVisibleTo(app.window) and "altered after signing" in page.error.text()
+    titles = [page.list.item(i).text() for i in range(page.list.count())]
+    assert any("Tiny LM (demo)" in t for t in titles) and not any("hacked" in t for t in titles)
+
+
+def test_second_launch_shows_the_first_window(qtbot):
+    from app.instance import SingleInstance
+
+    name = f"dedloc-test-{os.getpid()}-{time.monotonic_ns()}"
+    first, shown = SingleInstance(name), []
+    assert first.listen(lambda: shown.append(True))
+    try:
+        assert SingleInstance(name).notify_running()
+        qtbot.waitUntil(lambda: bool(shown), timeout=5000)
+    finally:
+        first.close()
+    assert not SingleInstance(name).notify_running(timeout_ms=300)
+
+
+def test_stale_worker_is_reaped_at_start(qtbot, home):
+    from PySide6.QtWidgets import QApplication
+
+    from app.bridge import Bridge
+    from app.supervisor import Supervisor
+    from dedloc_core.workerproc import WorkerProcess
+
+    stale = WorkerProcess()  # a worker whose app crashed: nobody will stop it
+    stale.start()
+    pid = stale.pid
+    pid_file = home / "data" / "worker.pid"
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.write_text(json.dumps({"pid": pid, "create_time": psutil.Process(pid).create_time()}))
+    bridge = Bridge(QApplication.instance())
+    Supervisor(bridge, pid_file=pid_file)
+    qtbot.waitUntil(lambda: stale.proc.poll() is not None and not pid_file.exists(), timeout=15000)
+    bridge.shutdown()
+
+
+@pytest.mark.slow
+def test_real_worker_through_the_tray(make_app, qtbot, signed_catalog_server, spawn_worker, monkeypatch):
+    """Join -> progress shown -> pause from the tray -> no more samples -> resume -> snooze ->
+    a crashed worker is restarted -> Quit leaves no process."""
+    from conftest import start_command
+
+    seed = spawn_worker("seed")  # another volunteer already in the swarm
+    seed.send(start_command(signed_catalog_server, seed.home, seed=7, target_batch_size=256))
+    state = seed.wait_for(lambda e: getattr(e, "state", None) == "training", 120)
+    assert state is not None, "the seed peer did not start"
+    monkeypatch.setenv("DEDLOC_INITIAL_PEERS", " ".join(state.maddrs))
+
+    app = make_app()
+    stats: list[Stats] = []
+    app.supervisor.stats.connect(stats.append)
+    page = app.window.show_page("Experiments")
+    assert app.controller.join("tiny-lm-test")
+    qtbot.waitUntil(lambda: app.controller.status.state == "training" and app.controller.last_progress,
+                    timeout=180000)
+    qtbot.waitUntil(lambda: "global step" in page.details.text(), timeout=10000)
+    assert "samples/s" in app.tray.status_action.text() and "Training tiny-lm" in app.tray.toolTip()
+
+    # Pause from the tray: the worker pauses and accumulates no more samples.
+    app.tray.pause_action.trigger()
+    qtbot.waitUntil(lambda: app.controller.worker_state.state == "paused", timeout=10000)
+    assert app.controller.status.text == "Paused by you" and app.tray.resume_action.isVisible()
+    qtbot.wait(1500)
+    held = stats[-1].samples
+    qtbot.wait(2500)
+    assert stats[-1].samples == held, "samples grew while paused"
+
+    # Resume: samples grow again.
+    app.tray.resume_action.trigger()
+    qtbot.waitUntil(lambda: stats[-1].samples > held, timeout=30000)
+
+    # Snooze one hour: paused with the time in the reason.
+    app.tray.snooze_action.trigger()
+    qtbot.waitUntil(lambda: app.controller.worker_state.state == "paused", timeout=10000)
+    assert app.controller.status.text.startswith("Snoozed until ") and app.controller.status.state == "snoozed"
+    app.tray.resume_action.trigger()
+    qtbot.waitUntil(lambda: app.controller.worker_state.state == "training", timeout=10000)
+
+    # A crash (SIGKILL of the worker's whole process group) is shown and the worker restarted.
+    app.supervisor.backoff = (0.5,)
+    crashed = app.supervisor.worker
+    os.killpg(crashed.pid, 9)
+    qtbot.waitUntil(lambda: any("stopped unexpectedly" in e.message for e in app.controller.log_entries),
+                    timeout=15000)
+    qtbot.waitUntil(lambda: app.supervisor.worker is not None and app.supervisor.worker.pid != crashed.pid
+                    and app.controller.status.state == "training", timeout=180000)
+
+    # Quit from the tray: the worker and its whole process tree are gone.
+    worker = app.supervisor.worker
+    tree = [worker.proc.pid, *(c.pid for c in psutil.Process(worker.pid).children(recursive=True))]
+    assert len(tree) > 1  # hivemind's helpers and p2pd
+    exits = []
+    app.qapp = type("QAppExit", (), {"exit": staticmethod(exits.append)})()  # keep pytest-qt's QApplication
+    app.tray.quit_action.trigger()
+    qtbot.waitUntil(lambda: exits == [0], timeout=60000)
+
+    def alive() -> list[str]:
+        names = []
+        for pid in tree:
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    names.append(f"{pid} {proc.name()}")
+            except psutil.NoSuchProcess:
+                pass
+        return names
+
+    deadline = time.monotonic() + 15  # torch_shm_manager leaves by itself once its clients are gone
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(), alive()
+    # What the worker did is in the statistics database (the recorder flushed at quit).
+    from dedloc_core.statsdb import StatsStore
+
+    total = StatsStore(app.controller.stats_store.path).totals()
+    assert total.samples >= stats[-1].samples > 0 and total.rounds >= 1, total

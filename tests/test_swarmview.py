@@ -1,0 +1,72 @@
+"""The swarm summary: leaderboard sums over worker sessions, rebuilt from the backbone's files,
+served over real HTTP and validated on the way in."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from dedloc_core.backbone import Recorder
+from dedloc_core.httpserve import FileServer
+from dedloc_core.swarmview import SwarmUnavailable, SwarmView, fetch_summary, parse_summary
+
+
+class FakeProgress:  # what Recorder reads of hivemind's tracker: a thin double (no swarm needed here)
+    def __init__(self, epoch, peers):
+        self.global_epoch, self.global_progress = epoch, type("P", (), {"num_peers": peers})()
+
+
+class Opt:
+    def __init__(self, epoch, peers=2):
+        self.local_epoch = epoch
+        self.tracker = FakeProgress(epoch, peers)
+
+
+class Peer:
+    def __init__(self, peer_id, samples, name="", loss=3.0, t=1000.0):
+        self.peer_id, self.samples, self.display_name, self.loss, self.time = peer_id, samples, name, loss, t
+        self.step, self.compute_seconds, self.samples_per_second = 1, samples / 100, 12.5
+
+
+def test_leaderboard_adds_up_worker_sessions_and_survives_a_backbone_restart(tmp_path):
+    view = SwarmView("run")
+    rec = Recorder(tmp_path, view)
+    rec.record(Opt(1), [Peer("QmAlice1234567890", 100, "Alice"), Peer("QmBob1234567890", 40)])
+    rec.record(Opt(2), [Peer("QmAlice1234567890", 300, "Alice"), Peer("QmBob1234567890", 90)])
+    rec.record(Opt(3), [Peer("QmAlice1234567890", 50, "Alice"), Peer("QmBob1234567890", 90)])  # Alice restarted
+    summary = view.summary(now=1001.0)
+    assert [(c.name, c.samples, c.active) for c in summary.leaderboard] == [
+        ("Alice", 350, True), ("…34567890", 90, True)]
+    assert (summary.global_step, summary.num_peers, summary.samples_per_second) == (3, 2, 25.0)
+    assert [p.step for p in summary.learning_curve] == [1, 2, 3]
+    again = SwarmView.load(tmp_path, "run").summary(now=time.time() + 1000)  # csv times: when recorded
+    assert [(c.name, c.samples, c.active) for c in again.leaderboard] == [
+        ("Alice", 350, False), ("…34567890", 90, False)]
+    assert [p.step for p in again.learning_curve] == [1, 2, 3]
+
+
+def test_files_cut_by_a_crash_still_load(tmp_path):
+    (tmp_path / "learning_curve.jsonl").write_text('{"time": 1, "step": 1, "loss": 2.0}\n{"time": 2, "st')
+    (tmp_path / "contributions.csv").write_text(
+        "time,peer_id,display_name,step,samples,compute_seconds,loss\n1,QmX,,1,10,1.0,2.0\n2,QmX,,1,oops")
+    summary = SwarmView.load(tmp_path).summary()
+    assert [p.step for p in summary.learning_curve] == [1]
+    assert [c.samples for c in summary.leaderboard] == [10]
+
+
+def test_summary_over_http_and_bad_documents():
+    view = SwarmView("run")
+    view.add_point({"time": 1.0, "step": 4, "loss": 1.5, "samples_per_second": 7.0, "num_peers": 3})
+    view.add_record("QmP", "Pat", 64, 6.4, 1.0)
+    with FileServer({"/swarm.json": view.to_json, "/bad.json": b'{"global_step": -1}', "/junk": b"<html>"}) as fs:
+        summary = fetch_summary(fs.url + "swarm.json")
+        assert (summary.global_step, summary.leaderboard[0].name) == (4, "Pat")
+        with pytest.raises(SwarmUnavailable, match="global_step"):
+            fetch_summary(fs.url + "bad.json")
+        with pytest.raises(SwarmUnavailable, match="malformed"):
+            fetch_summary(fs.url + "junk")
+        with pytest.raises(SwarmUnavailable, match="Could not reach"):
+            fetch_summary(fs.url + "missing")
+    assert parse_summary(json.loads(view.to_json())).num_peers == 3

@@ -1,0 +1,405 @@
+"""The worker process, for real: protocol handshake and validation, training, pause/resume, stop,
+crash cleanup, bad data and bad experiments. No mocks: every test starts ``dedloc_core.worker``
+through ``WorkerProcess`` (the ``spawn_worker`` fixture) and talks the JSON-lines protocol to it."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import math
+import os
+import queue
+import select
+import signal
+import subprocess
+import time
+from importlib import resources
+
+import psutil
+import pytest
+from conftest import CORPUS_MANIFEST, start_command, tiny_experiment
+
+from dedloc_core.httpserve import FileServer
+from dedloc_core.protocol import MAX_LINE, PROTOCOL_VERSION, Pause, Resume, Start, Stop, decode_event
+from dedloc_core.worker import EventChannel, _EventLogHandler
+from dedloc_core.workerproc import StopResult, WorkerProcess
+
+START_TIMEOUT = 60.0  # start -> "training": imports torch + hivemind, starts a DHT and p2pd
+EXIT_TIMEOUT = 20.0
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def next_event(worker: WorkerProcess, timeout: float = 10.0):
+    """The next event (None at end of stream); fails the test on timeout."""
+    try:
+        event = worker.events.get(timeout=timeout)
+    except queue.Empty:
+        pytest.fail(f"no event from the worker within {timeout} s")
+    if event is None:
+        worker.events.put(None)
+    return event
+
+
+def collect_until(worker: WorkerProcess, predicate, timeout: float) -> list:
+    """Every event up to and including the first that matches; fails the test if none does."""
+    seen: list = []
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            pytest.fail(f"timed out after {timeout} s; last events: {describe(seen[-8:])}")
+        try:
+            event = worker.events.get(timeout=left)
+        except queue.Empty:
+            continue
+        if event is None:
+            worker.events.put(None)
+            pytest.fail(f"the worker's event stream ended first; last events: {describe(seen[-8:])}")
+        seen.append(event)
+        if predicate(event):
+            return seen
+
+
+def collect_to_end(worker: WorkerProcess, timeout: float) -> list:
+    """Every event until the worker closes its event channel (it exited)."""
+    seen: list = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            event = worker.events.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if event is None:
+            worker.events.put(None)
+            return seen
+        seen.append(event)
+    pytest.fail(f"the event stream did not end within {timeout} s; last events: {describe(seen[-8:])}")
+
+
+def describe(events: list) -> list[str]:
+    return [
+        f"{e.type}:{getattr(e, 'state', '') or getattr(e, 'code', '') or getattr(e, 'message', '')}" for e in events
+    ]
+
+
+def is_state(name: str):
+    return lambda e: e.type == "state" and e.state == name
+
+
+def states(events: list) -> list[str]:
+    return [e.state for e in events if e.type == "state"]
+
+
+def fatal_errors(events: list) -> list:
+    return [e for e in events if e.type == "error" and e.fatal]
+
+
+def wait_exit(worker: WorkerProcess, timeout: float = EXIT_TIMEOUT) -> int:
+    assert worker.proc is not None
+    try:
+        return worker.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the worker did not exit within {timeout} s (see {worker.home}/worker.log)")
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running; a zombie (exited, not yet reaped by its new parent) counts as gone."""
+    left = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while alive(procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive(procs)
+
+
+def names(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for proc in procs:
+        try:
+            out.append(f"{proc.pid}:{proc.name()}")
+        except psutil.Error:
+            out.append(f"{proc.pid}:?")
+    return out
+
+
+def start_training(worker: WorkerProcess, command: Start) -> list:
+    """Send ``start`` and wait for the first stats event after "training"; return the events."""
+    assert worker.send(command)
+    events = collect_until(worker, is_state("training"), START_TIMEOUT)
+    assert not fatal_errors(events), describe(events)
+    events += collect_until(worker, lambda e: e.type == "stats" and e.samples > 0, 30)
+    return events
+
+
+# ---- handshake and protocol ---------------------------------------------------------------------
+
+
+def test_hello_then_idle_then_stop(spawn_worker):
+    worker = spawn_worker()
+    hello = next_event(worker)
+    assert hello.type == "hello"
+    assert hello.protocol == PROTOCOL_VERSION
+    assert hello.pid == worker.pid
+    assert worker.hello == hello
+    idle = next_event(worker)
+    assert (idle.type, idle.state) == ("state", "idle")
+
+    assert worker.send(Stop())
+    assert wait_exit(worker) == 0
+    assert states(collect_to_end(worker, 5)) == ["stopped"]
+
+
+def test_stdin_eof_stops_an_idle_worker(spawn_worker):
+    worker = spawn_worker()
+    worker.proc.stdin.close()  # the app is gone
+    assert wait_exit(worker) == 0
+    assert states(collect_to_end(worker, 5)) == ["idle", "stopped"]
+
+
+BAD_LINES = [
+    ("this is not json", "protocol.not_json"),
+    ('{"v":1,"type":"pause"', "protocol.not_json"),  # truncated
+    ("[1, 2, 3]", "protocol.not_object"),
+    ('"pause"', "protocol.not_object"),
+    ('{"v":99,"type":"pause"}', "protocol.version"),
+    ('{"type":"pause"}', "protocol.version"),
+    ('{"v":"1","type":"pause"}', "protocol.version"),
+    ('{"v":1,"type":"reboot"}', "protocol.invalid"),
+    ('{"v":1}', "protocol.invalid"),
+    ('{"v":1,"type":"pause","reason":"x","extra":1}', "protocol.invalid"),
+    ('{"v":1,"type":"start"}', "protocol.invalid"),  # no experiment
+    ('{"v":1,"type":"start","experiment":[]}', "protocol.invalid"),
+    ('{"v":1,"type":"start","experiment":{},"batch_size":0}', "protocol.invalid"),
+    ('{"v":1,"type":"start","experiment":{},"progress_period":-1}', "protocol.invalid"),
+    ('{"v":1,"type":"set_limits","limits":{"cpu_threads":0}}', "protocol.invalid"),
+]
+
+
+def assert_quiet_and_alive(worker: WorkerProcess) -> None:
+    time.sleep(0.3)
+    extra = []
+    while not worker.events.empty():
+        extra.append(worker.events.get_nowait())
+    assert not extra, describe(extra)
+    assert worker.running()
+
+
+def test_malformed_lines_are_errors_not_crashes(spawn_worker):
+    worker = spawn_worker()
+    collect_until(worker, is_state("idle"), 10)
+
+    for line, code in BAD_LINES:
+        assert worker.send_line(line)
+        event = next_event(worker)
+        assert event is not None and event.type == "error", (line, event)
+        assert (event.code, event.fatal) == (code, False), line
+        assert event.message
+
+    # bytes that are not UTF-8
+    worker.proc.stdin.buffer.write(b'{"v":1,"type":"\xff\xfe"}\n')
+    worker.proc.stdin.flush()
+    event = next_event(worker)
+    assert (event.type, event.code, event.fatal) == ("error", "protocol.not_json", False)
+
+    # An oversize line is one error, and none of it is obeyed: its tail (a valid stop, once the
+    # head has been dropped) must not stop the worker. The next line (a JSON array) is its own.
+    oversize = " " * (MAX_LINE + 300_000) + '{"v":1,"type":"stop"}'
+    assert worker.send_line(oversize)
+    assert worker.send_line("[0]")
+    answers = [next_event(worker, 20), next_event(worker, 20)]
+    assert describe(answers) == ["error:protocol.too_long", "error:protocol.not_object"]
+    assert not answers[0].fatal
+    assert_quiet_and_alive(worker)
+
+    # One just over the limit that arrives whole.
+    assert worker.send_line('{"v":1,"type":"pause","reason":"' + "x" * MAX_LINE + '"}')
+    event = next_event(worker, 20)
+    assert (event.type, event.code, event.fatal) == ("error", "protocol.too_long", False)
+
+    # Still alive, still idle, and still obeys a valid command.
+    assert_quiet_and_alive(worker)
+    assert worker.send(Stop())
+    assert wait_exit(worker) == 0
+    assert states(collect_to_end(worker, 5)) == ["stopped"]
+
+
+def test_log_records_become_log_events_whatever_the_level_is_called():
+    """hivemind renames WARNING to "WARN" (logging.addLevelName); the worker's log forwarding must
+    still send a valid ``log`` event, and never raise into the code that logged."""
+    read, write = os.pipe()
+    try:
+        handler = _EventLogHandler(EventChannel(write))
+        record = logging.LogRecord("hivemind.dht.dht", logging.WARNING, __file__, 1, "grace %s", ("over",), None)
+        record.levelname = "WARN"
+        handler.handle(record)
+        assert select.select([read], [], [], 5)[0], "no log event"
+        event = decode_event(os.read(read, 65536))
+    finally:
+        os.close(read)
+        os.close(write)
+    assert (event.type, event.level, event.message) == ("log", "WARNING", "grace over")
+    assert event.logger == "hivemind.dht.dht"
+
+
+# ---- training -----------------------------------------------------------------------------------
+
+
+def test_trains_pauses_within_a_second_resumes_and_stops_on_eof(spawn_worker, corpus_server):
+    worker = spawn_worker()
+    # Report after every micro-batch, so the stats just before "paused" are the samples at the pause.
+    command = start_command(corpus_server, worker.home).model_copy(update={"progress_period": 0.001})
+    batch = command.experiment["batch_size_per_step"]
+    events = start_training(worker, command)
+    assert states(events)[:4] == ["idle", "preparing", "joining", "training"], describe(events)
+    training = [e for e in events if e.type == "state" and e.state == "training"][0]
+    assert training.peer_id and training.maddrs
+
+    # It trains: samples grow one micro-batch at a time, the loss is finite.
+    events = collect_until(worker, lambda e: e.type == "stats" and e.samples >= 20 * batch, 60)
+    samples = [e.samples for e in events if e.type == "stats"]
+    assert len(samples) >= 5
+    assert all(b > a for a, b in zip(samples, samples[1:], strict=False)), samples
+    assert all(s % batch == 0 for s in samples)
+    progress = [e for e in events if e.type == "progress"]
+    assert progress and all(p.loss is not None and math.isfinite(p.loss) for p in progress)
+    assert progress[-1].target_batch_size == command.experiment["target_batch_size"]
+    assert progress[-1].samples_per_second > 0
+
+    # Pause: "paused" within a second of sending it.
+    sent = time.monotonic()
+    assert worker.send(Pause(reason="user"))
+    events = collect_until(worker, is_state("paused"), 10)
+    latency = time.monotonic() - sent
+    assert latency < 1.0, f"pause took {latency:.3f} s"
+    assert events[-1].reason == "user"
+    before = [e for e in events if e.type == "stats"]
+    at_pause = before[-1].samples if before else samples[-1]
+
+    # Paused for 2 s: nothing trains, nothing is reported.
+    time.sleep(2.0)
+    quiet = []
+    while not worker.events.empty():
+        quiet.append(worker.events.get_nowait())
+    assert not [e for e in quiet if e.type in ("stats", "progress", "state")], describe(quiet)
+    assert worker.running()
+
+    # Resume: "training" again; the first report after it counts exactly one more micro-batch
+    # (had training gone on while paused, 2 s would have added dozens), then samples grow again.
+    assert worker.send(Resume())
+    collect_until(worker, is_state("training"), 5)
+    first = collect_until(worker, lambda e: e.type == "stats", 10)[-1]
+    assert first.samples - at_pause == batch, (at_pause, first.samples)
+    assert first.paused_seconds >= 2.0
+    later = collect_until(worker, lambda e: e.type == "stats" and e.samples >= first.samples + 5 * batch, 30)[-1]
+    assert later.compute_seconds > first.compute_seconds
+    assert later.paused_seconds == first.paused_seconds
+
+    # EOF on stdin (the app went away) stops it cleanly.
+    worker.proc.stdin.close()
+    assert wait_exit(worker) == 0
+    tail = collect_to_end(worker, 5)
+    assert states(tail)[-2:] == ["stopping", "stopped"]
+    assert not [e for e in tail if e.type == "error"], describe(tail)
+
+
+def _descendants_while_training(worker: WorkerProcess, corpus_server) -> list[psutil.Process]:
+    start_training(worker, start_command(corpus_server, worker.home))
+    children = psutil.Process(worker.pid).children(recursive=True)
+    found = [n.split(":", 1)[1] for n in names(children)]
+    assert "p2pd" in found, found
+    assert found.count("python") + found.count("python3") >= 2, found  # the DHT and the averagers
+    return children
+
+
+def test_stop_exits_zero_and_leaves_no_process_or_shared_memory(spawn_worker, corpus_server):
+    worker = spawn_worker()
+    children = _descendants_while_training(worker, corpus_server)
+    manager = [c for c in children if names([c])[0].endswith("torch_shm_manager")]
+    assert glob.glob(f"/dev/shm/torch_{worker.pid}_*"), "expected hivemind's shared tensors"
+
+    assert worker.send(Stop())
+    began = time.monotonic()
+    code = wait_exit(worker)
+    took = time.monotonic() - began
+    assert code == 0, f"exit code {code} after stop (see {worker.home}/worker.log)"
+    tail = collect_to_end(worker, 5)
+    assert states(tail)[-2:] == ["stopping", "stopped"], describe(tail)
+    assert not fatal_errors(tail)
+    # The worker itself ended its helpers and p2pd (nothing has reaped its group yet) ...
+    left = wait_gone([c for c in children if c not in manager], 2)
+    assert not left, f"left behind: {names(left)}"
+    # ... but spared torch_shm_manager (killed first, it left the shared tensors in /dev/shm and the
+    # worker aborted at exit): it unlinks them once its clients are gone, then exits by itself.
+    assert worker.stop() is StopResult.NOT_RUNNING  # reaps the process group (the manager is not in it)
+    left = wait_gone(children, 5)
+    assert not left, f"left behind: {names(left)}"
+    assert not glob.glob(f"/dev/shm/torch_{worker.pid}_*"), "shared-memory segments left in /dev/shm"
+    print(f"stop -> exit in {took:.1f} s")
+
+
+def test_sigkill_of_the_worker_alone_takes_its_children(spawn_worker, corpus_server):
+    worker = spawn_worker()
+    children = _descendants_while_training(worker, corpus_server)
+
+    os.kill(worker.pid, signal.SIGKILL)  # the worker only, not its process group
+    assert wait_exit(worker) == -signal.SIGKILL
+    left = wait_gone(children, 10)
+    assert not left, f"survived the worker: {names(left)}"
+
+
+# ---- fatal errors -------------------------------------------------------------------------------
+
+
+def test_corrupt_shard_is_a_fatal_error_exit_3(spawn_worker):
+    shard = CORPUS_MANIFEST["shards"][0]
+    good = resources.files("resources").joinpath("corpus", shard["name"]).read_bytes()
+    assert hashlib.sha256(good).hexdigest() == shard["sha256"]
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF  # same size, one byte off
+    path = f"/data/{shard['name']}"
+    with FileServer({path: bytes(bad)}) as server:
+        worker = spawn_worker()
+        assert worker.send(start_command(server, worker.home))
+        code = wait_exit(worker, 60)
+        events = collect_to_end(worker, 5)
+        assert code == 3, describe(events)
+        errors = fatal_errors(events)
+        assert len(errors) == 1 and errors[0].code == "corrupt", describe(events)
+        assert shard["name"] in errors[0].message
+        assert "training" not in states(events) and "joining" not in states(events)
+        assert server.count(path, "GET") >= 2  # a mismatching shard is discarded and fetched again
+    cached = worker.home / "cache" / "shards"
+    assert not [p for p in cached.iterdir() if p.name.startswith(shard["sha256"])], list(cached.iterdir())
+
+
+@pytest.mark.parametrize(
+    "experiment",
+    [
+        pytest.param(tiny_experiment(recipe="no-such-recipe"), id="unknown-recipe"),
+        pytest.param(tiny_experiment(recipe_params={"d_model": -5}), id="bad-params"),
+        pytest.param({"id": "x"}, id="incomplete"),
+    ],
+)
+def test_invalid_experiment_is_a_fatal_error_exit_3(spawn_worker, corpus_server, experiment):
+    worker = spawn_worker()
+    command = start_command(corpus_server, worker.home).model_copy(update={"experiment": experiment})
+    assert worker.send(command)
+    code = wait_exit(worker, 60)
+    events = collect_to_end(worker, 5)
+    assert code == 3, describe(events)
+    errors = fatal_errors(events)
+    assert len(errors) == 1 and errors[0].code == "bad_experiment", describe(events)
+    assert errors[0].message
+    assert states(events) == ["idle"], describe(events)  # never got as far as preparing
