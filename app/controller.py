@@ -83,6 +83,7 @@ class Controller(QObject):
         self._data_server = None
         self._quitting = False
         self._quit_waiters: list = []
+        self._quit_done = False
         self.idle_source: str | None = None  # set by the policy loop when it finds an idle source
 
         supervisor.state.connect(self._on_state)
@@ -253,6 +254,8 @@ class Controller(QObject):
     # ---- worker events ---------------------------------------------------------------------------
 
     def refresh_stats(self) -> None:
+        if self._quitting:
+            return
         self.stats_changed.emit()
         url = joining.swarm_summary_url()
         if url and self.joined is not None:
@@ -327,6 +330,9 @@ class Controller(QObject):
 
     def quit(self, done) -> None:
         """Stop the worker (gracefully, then its whole process tree), then call ``done``."""
+        if self._quit_done:
+            done()
+            return
         self._quit_waiters.append(done)
         if self._quitting:
             return
@@ -334,9 +340,16 @@ class Controller(QObject):
         self._quitting = True
         self._update_status()
         self._tick.stop()
+        self._slow.stop()
         if self._data_server is not None:
             self._data_server.stop()
-        self.supervisor.shutdown(lambda _result: [waiter() for waiter in self._quit_waiters])
+        self.supervisor.shutdown(lambda _result: self._finish_quit())
+
+    def _finish_quit(self) -> None:
+        self._quit_done = True
+        waiters, self._quit_waiters = self._quit_waiters, []
+        for waiter in waiters:
+            waiter()
 
 
 def _hhmm(wall: float) -> str:
