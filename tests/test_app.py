@@ -8,17 +8,13 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import tiny_experiment
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from dedloc_core.catalog import Catalog, generate_keypair, load_private_key, public_key_line, sign_catalog  # noqa: E402
-from dedloc_core.httpserve import FileServer  # noqa: E402
 from dedloc_core.protocol import Stats  # noqa: E402
 
 pytest.importorskip("PySide6")
@@ -58,27 +54,6 @@ def make_app(qtbot, home):
         app.bridge.shutdown()
         if app.tray is not None:
             app.tray.hide()
-
-
-@pytest.fixture
-def signed_catalog_server(tmp_path, corpus_server, monkeypatch):
-    """A real HTTP server with a catalog (of the tiny test experiment) signed by a test key that the
-    app trusts through DEDLOC_TRUSTED_KEYS; shards come from the corpus server next to it."""
-    pem, public = generate_keypair("test-pass", "test key")
-    key = load_private_key(pem, "test-pass")
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    (keys / "test.pub").write_text(public_key_line(key.public_key(), "test") + "\n")
-    now = datetime.now(UTC)
-    exp = tiny_experiment(target_batch_size=256)
-    catalog = Catalog.model_validate({
-        "schema_version": 1, "catalog_id": "test-catalog", "issued_at": now,
-        "expires_at": now + timedelta(days=1), "experiments": [exp]})
-    body = sign_catalog(catalog, key)
-    corpus_server.add("/catalog.json", body)
-    monkeypatch.setenv("DEDLOC_CATALOG_URL", f"{corpus_server.url}catalog.json")
-    monkeypatch.setenv("DEDLOC_TRUSTED_KEYS", str(keys))
-    return corpus_server
 
 
 def test_gui_process_never_imports_torch_or_hivemind(tmp_path):
