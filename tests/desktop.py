@@ -46,16 +46,14 @@ def xvfb(tray: bool = False, size: str = "1280x800x24") -> Iterator[str]:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         _wait(lambda: subprocess.run(["xdpyinfo"], env=env, capture_output=True).returncode == 0,
-              "Xvfb")
+              "Xvfb", timeout=60)
         if tray:
             procs.append(subprocess.Popen(["openbox"], env=env, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
             procs.append(subprocess.Popen(["trayer", "--edge", "top", "--align", "right", "--widthtype",
                                            "request", "--height", "24", "--transparent", "false"],
                                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            _wait(lambda: "_NET_SYSTEM_TRAY_S0" in subprocess.run(
-                ["xprop", "-root"], env=env, capture_output=True, text=True).stdout
-                or _tray_owned(env), "the tray host")
+            _wait(lambda: _tray_owned(env), "the tray host", timeout=60)
         yield display
     finally:
         for proc in reversed(procs):
@@ -68,6 +66,7 @@ def xvfb(tray: bool = False, size: str = "1280x800x24") -> Iterator[str]:
 
 
 def _tray_owned(env: dict[str, str]) -> bool:
+    """trayer maps its window once it owns the tray selection."""
     out = subprocess.run(["xdotool", "search", "--class", "trayer"], env=env, capture_output=True, text=True)
     return bool(out.stdout.strip())
 

@@ -74,13 +74,16 @@ end = time.time() + 3
 while time.time() < end:
     qapp.processEvents()
     time.sleep(0.02)
-print("heavy:" + ",".join(sorted(m for m in ("torch", "hivemind", "transformers", "numpy") if m in sys.modules)))
+heavy = ("torch", "hivemind", "transformers", "numpy", "cryptography")
+print("heavy:" + ",".join(sorted(m for m in heavy if m in sys.modules)))
 """
     env = {**os.environ, "DEDLOC_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     heavy = next(line for line in out.stdout.splitlines() if line.startswith("heavy:"))
     assert "torch" not in heavy and "hivemind" not in heavy, heavy
+    # Catalog signatures are checked in a child process: no cryptography in the tray either.
+    assert "cryptography" not in heavy, heavy
 
 
 def test_preferences_form_round_trip(make_app, home):

@@ -36,7 +36,7 @@ def colors(path: Path) -> int:
 
 @pytest.mark.timeout(600)
 def test_screenshots_of_every_page_and_the_tray_menu(tmp_path, signed_catalog_server, spawn_worker):
-    need("Xvfb", "xdpyinfo", "openbox", "trayer", "xdotool", "xprop")
+    need("Xvfb", "xdpyinfo", "openbox", "trayer", "xdotool")
     from conftest import start_command
 
     seed = spawn_worker("seed")
