@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -81,8 +82,9 @@ def spawn_worker(tmp_path):
         return worker
 
     yield spawn
-    for worker in started:
-        worker.stop(timeout=15)
+    if started:  # stop them side by side: each leaves its swarm gracefully, which takes seconds
+        with ThreadPoolExecutor(len(started)) as pool:
+            list(pool.map(lambda w: w.stop(timeout=15), started))
 
 
 def start_command(server: FileServer, home: Path, *, initial_peers=None, seed=0, **exp_overrides) -> Start:
