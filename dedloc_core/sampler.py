@@ -93,7 +93,7 @@ class Sampler:
         self.threads = psutil.cpu_count(logical=True) or 1
         self._procs: dict[int, psutil.Process] = {}
         self._slow: tuple[float, bool, float, bool, frozenset[str]] | None = None
-        psutil.cpu_percent(None)  # starts the system-wide measurement
+        self._cpu_times = psutil.cpu_times()
 
     def sample(self) -> Sample:
         now = time.monotonic()
@@ -109,6 +109,15 @@ class Sampler:
             logger.exception("Idle source %s failed", self.idle.name)
             return None
 
+    def _total_cpu(self) -> float:
+        """Percent of all cores busy since the last call (our own deltas: psutil.cpu_percent's are
+        shared by every caller in the process)."""
+        now, last = psutil.cpu_times(), self._cpu_times
+        self._cpu_times = now
+        idle = (now.idle + getattr(now, "iowait", 0.0)) - (last.idle + getattr(last, "iowait", 0.0))
+        total = sum(now) - sum(last)
+        return 0.0 if total <= 0 else max(0.0, min(100.0, 100.0 * (1.0 - idle / total)))
+
     def _own(self) -> set[int]:
         pids: set[int] = set()
         for pid in self.own_pids():
@@ -123,7 +132,7 @@ class Sampler:
         battery = psutil.sensors_battery() if hasattr(psutil, "sensors_battery") else None
         on_battery = battery is not None and battery.power_plugged is False
         own = self._own()
-        total = psutil.cpu_percent(None)  # percent of all cores since the last call
+        total = self._total_cpu()
         mine = 0.0
         for pid in own:
             proc = self._procs.get(pid)
