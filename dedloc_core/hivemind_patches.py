@@ -11,7 +11,8 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    a SIGKILL they linger forever. We set ``PR_SET_PDEATHSIG`` = SIGKILL in every forked child and in
    ``p2pd``, so a killed worker takes its whole tree with it.
 3. ``bandwidth caps``: hivemind cannot cap traffic (its ``bandwidth`` is a load-balancing hint).
-   We pace ``P2P.send_raw_data`` / ``P2P.receive_raw_data`` (``p2p/p2p_daemon.py``) chunk by chunk
+   We pace ``P2P.send_protobuf`` (each message waits for its tokens, then is written whole, as
+   before) and ``P2P.receive_raw_data`` (read chunk by chunk, each after its tokens; ``p2p/p2p_daemon.py``)
    through the shared token buckets of ``dedloc_core.bandwidth``, and the unary calls and handlers
    per message. Installed before patch 1, so the counters wrap the paced functions. With no cap
    set, the original functions run unchanged.
@@ -139,20 +140,15 @@ def _patch_bandwidth() -> None:
     from . import bandwidth
 
     bandwidth.setup()  # shared buckets, created before hivemind forks
-    send_raw, receive_raw = P2P.send_raw_data, P2P.receive_raw_data
+    send_protobuf, receive_raw = P2P.send_protobuf, P2P.receive_raw_data
 
-    async def send_raw_data(data: bytes, writer: asyncio.StreamWriter, *, chunk_size: int = 2**16) -> None:
-        if not bandwidth.active(bandwidth.UP):
-            return await send_raw(data, writer, chunk_size=chunk_size)
-        await bandwidth.take_up(P2P.HEADER_LEN)
-        writer.write(len(data).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
-        view = memoryview(data)
-        for offset in range(0, len(view), chunk_size):
-            piece = view[offset : offset + chunk_size]
-            await bandwidth.take_up(len(piece))
-            writer.write(piece)
-            await writer.drain()
-        await writer.drain()
+    async def send_protobuf_paced(protobuf, writer: asyncio.StreamWriter) -> None:
+        # wait for the whole message's tokens (paced chunk by chunk) *before* writing any of it:
+        # hivemind writes a message's marker, header and body with no yield between them, and a
+        # yield there would let another coroutine's message interleave on the same stream
+        if bandwidth.active(bandwidth.UP):
+            await bandwidth.take_up(1 + P2P.HEADER_LEN + protobuf.ByteSize())
+        await send_protobuf(protobuf, writer)
 
     async def receive_raw_data(reader: asyncio.StreamReader) -> bytes:
         if not bandwidth.active(bandwidth.DOWN):
@@ -167,7 +163,7 @@ def _patch_bandwidth() -> None:
             left -= step
         return b"".join(parts)
 
-    P2P.send_raw_data = staticmethod(send_raw_data)  # type: ignore[method-assign]
+    P2P.send_protobuf = staticmethod(send_protobuf_paced)  # type: ignore[method-assign]
     P2P.receive_raw_data = staticmethod(receive_raw_data)  # type: ignore[method-assign]
 
     call_unary = P2P._call_unary_protobuf_handler
