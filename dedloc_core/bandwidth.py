@@ -59,8 +59,8 @@ def reserve(base: int, n: int, now: float | None = None) -> float:
     """Take ``n`` bytes from a bucket; return how long to wait before using them (0: at once)."""
     if _state is None or _state[base] <= 0 or n <= 0:
         return 0.0
-    if not _lock.acquire(timeout=0.1):  # never stall traffic on a lock a dead process held
-        return 0.0
+    if not _lock.acquire(timeout=0.5):  # a dead holder must not stall traffic: wait as if in line
+        return n / max(_state[base], 1.0)
     try:
         rate = _state[base]
         if rate <= 0:
