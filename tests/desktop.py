@@ -57,14 +57,6 @@ def xvfb(size: str = "1280x800x24") -> Iterator[str]:
             proc.wait()
 
 
-@pytest.fixture
-def xdisplay(monkeypatch) -> Iterator[str]:
-    """A real X server for this test; ``DISPLAY`` points at it."""
-    with xvfb() as display:
-        monkeypatch.setenv("DISPLAY", display)
-        yield display
-
-
 def xdotool(display: str, *args: str) -> None:
     subprocess.run(["xdotool", *args], env={**os.environ, "DISPLAY": display}, check=True, timeout=10)
 

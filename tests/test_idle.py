@@ -9,13 +9,21 @@ import time
 from pathlib import Path
 
 import pytest
-from desktop import dbus_session, need, xdisplay, xdotool  # noqa: F401 - xdisplay is a fixture
+from desktop import dbus_session, need, xdotool, xvfb
 
 from dedloc_core import idle
 
 SERVICE = Path(__file__).with_name("idle_dbus_service.py")
 NAMES = ["org.gnome.Mutter.IdleMonitor", "org.kde.screensaver", "org.freedesktop.ScreenSaver",
          "org.freedesktop.login1"]
+
+
+@pytest.fixture
+def xdisplay(monkeypatch):
+    """A real X server for this test; ``DISPLAY`` points at it."""
+    with xvfb() as display:
+        monkeypatch.setenv("DISPLAY", display)
+        yield display
 
 
 def test_x11_idle_grows_and_input_resets_it(xdisplay):

@@ -3,6 +3,8 @@ program names, idle time from the source, the GPU probe double, and idle samplin
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -34,14 +36,16 @@ def test_other_cpu_excludes_our_own_processes():
         as_ours.other_cpu_percent, as_other.other_cpu_percent, burned)
 
 
-def test_program_names_exclude_our_own():
-    ours = subprocess.Popen(["sleep", "30"])
+def test_program_names_exclude_our_own(tmp_path):
+    program = tmp_path / f"dl4nap{os.getpid()}"[:15]  # a name no other process on this machine has
+    shutil.copy(shutil.which("sleep"), program)
+    ours = subprocess.Popen([str(program), "30"])
     sampler = Sampler(own_pids=lambda: [ours.pid], slow_period=0.0)
     try:
-        assert "sleep" not in sampler.sample().programs
-        stranger = subprocess.Popen(["sleep", "30"])
+        assert program.name not in sampler.sample().programs
+        stranger = subprocess.Popen([str(program), "30"])
         try:
-            assert "sleep" in sampler.sample().programs
+            assert program.name in sampler.sample().programs
         finally:
             stranger.kill()
             stranger.wait()

@@ -25,7 +25,8 @@ class MacIdle(IdleSource):
         iokit.IOServiceGetMatchingService.restype = ctypes.c_uint
         iokit.IOServiceGetMatchingService.argtypes = [ctypes.c_uint, ctypes.c_void_p]
         iokit.IORegistryEntryCreateCFProperty.restype = ctypes.c_void_p
-        iokit.IORegistryEntryCreateCFProperty.argtypes = [ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+        iokit.IORegistryEntryCreateCFProperty.argtypes = [
+            ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
         cf.CFStringCreateWithCString.restype = ctypes.c_void_p
         cf.CFStringCreateWithCString.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint]
         cf.CFNumberGetValue.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
