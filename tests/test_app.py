@@ -18,6 +18,7 @@ from conftest import tiny_experiment
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from dedloc_core.catalog import Catalog, generate_keypair, load_private_key, public_key_line, sign_catalog  # noqa: E402
+from dedloc_core.httpserve import FileServer  # noqa: E402
 from dedloc_core.protocol import Stats  # noqa: E402
 
 pytest.importorskip("PySide6")
