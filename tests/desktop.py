@@ -1,5 +1,6 @@
-"""A real X desktop for tests and benchmarks: Xvfb on a free display, optionally a window manager and
-a tray host (openbox + trayer), so QSystemTrayIcon.isSystemTrayAvailable() is True."""
+"""Real desktop pieces for tests: Xvfb on a free display (optionally with a window manager and a tray
+host, openbox + trayer, so QSystemTrayIcon.isSystemTrayAvailable() is True), a private D-Bus
+session bus, and a skip helper for tools that may be missing (installed by .ci/run)."""
 
 from __future__ import annotations
 
@@ -9,72 +10,89 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 
 def need(*tools: str) -> None:
-    """Skip the test, naming what is missing, when a tool is not installed."""
-    missing = [tool for tool in tools if shutil.which(tool) is None]
+    """Skip the test unless every tool is on PATH."""
+    missing = [t for t in tools if shutil.which(t) is None]
     if missing:
-        pytest.skip(f"needs {', '.join(missing)} (installed by .ci/run with apt-get)")
+        pytest.skip(f"needs {', '.join(missing)} (apt-get install: see .ci/run)")
 
 
 def _free_display() -> int:
-    for number in range(90, 200):
-        if not os.path.exists(f"/tmp/.X11-unix/X{number}") and not os.path.exists(f"/tmp/.X{number}-lock"):
-            return number
+    for n in range(90, 200):
+        if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists():
+            return n
     raise RuntimeError("no free X display number")
 
 
-def _wait(check, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} did not come up within {timeout:.0f} s")
-
-
 @contextlib.contextmanager
-def xvfb(tray: bool = False, size: str = "1280x800x24") -> Iterator[str]:
-    """Start Xvfb (and with ``tray`` openbox + trayer); yield the DISPLAY string; stop them all."""
-    number = _free_display()
-    display = f":{number}"
-    env = dict(os.environ, DISPLAY=display)
-    procs = [subprocess.Popen(["Xvfb", display, "-screen", "0", size, "-nolisten", "tcp"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+def xvfb(size: str = "1280x800x24", *, tray: bool = False) -> Iterator[str]:
+    """Start Xvfb on a free display (with ``tray``: openbox and trayer too); yield ``:N`` once it
+    answers; stop them all after."""
+    need("Xvfb", "xdpyinfo", *(("openbox", "trayer", "xdotool") if tray else ()))
+    for _attempt in range(3):
+        display = f":{_free_display()}"
+        proc = subprocess.Popen(["Xvfb", display, "-screen", "0", size, "-nolisten", "tcp"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and proc.poll() is None:
+            ok = subprocess.run(["xdpyinfo", "-display", display], capture_output=True).returncode == 0
+            if ok:
+                break
+            time.sleep(0.1)
+        if proc.poll() is None:
+            break  # raced for the display number with another Xvfb otherwise: try the next
+    else:
+        raise RuntimeError("Xvfb did not start")
+    procs = [proc]
     try:
-        _wait(lambda: subprocess.run(["xdpyinfo"], env=env, capture_output=True).returncode == 0,
-              "Xvfb", timeout=60)
         if tray:
-            procs.append(subprocess.Popen(["openbox"], env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
+            env = {**os.environ, "DISPLAY": display}
+            quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+            procs.append(subprocess.Popen(["openbox"], **quiet))
             procs.append(subprocess.Popen(["trayer", "--edge", "top", "--align", "right", "--widthtype",
-                                           "request", "--height", "24", "--transparent", "false"],
-                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            _wait(lambda: _tray_owned(env), "the tray host", timeout=60)
+                                           "request", "--height", "24", "--transparent", "false"], **quiet))
+            deadline = time.monotonic() + 60
+            while not _tray_shown(env):  # trayer maps its window once it owns the tray selection
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the tray host (trayer) did not come up")
+                time.sleep(0.2)
         yield display
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in reversed(procs):
+        for p in reversed(procs):
+            p.terminate()
             try:
-                proc.wait(10)
+                p.wait(5)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                p.kill()
+                p.wait()
 
 
-def _tray_owned(env: dict[str, str]) -> bool:
-    """trayer maps its window once it owns the tray selection."""
+def _tray_shown(env: dict[str, str]) -> bool:
     out = subprocess.run(["xdotool", "search", "--class", "trayer"], env=env, capture_output=True, text=True)
     return bool(out.stdout.strip())
 
 
-@pytest.fixture
-def xdisplay(monkeypatch) -> Iterator[str]:
-    """A fresh Xvfb for one test; DISPLAY points at it."""
-    need("Xvfb", "xdpyinfo")
-    with xvfb() as display:
-        monkeypatch.setenv("DISPLAY", display)
-        yield display
+def xdotool(display: str, *args: str) -> None:
+    subprocess.run(["xdotool", *args], env={**os.environ, "DISPLAY": display}, check=True, timeout=10)
+
+
+@contextlib.contextmanager
+def dbus_session() -> Iterator[str]:
+    """A private ``dbus-daemon --session``; yields its address."""
+    need("dbus-daemon")
+    proc = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip()
+        if not address:
+            raise RuntimeError("dbus-daemon printed no address")
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(5)
