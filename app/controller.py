@@ -5,25 +5,28 @@ to the worker only through the supervisor. Anything that blocks runs through the
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from importlib import resources
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from dedloc_core import catalog_child, hardware, joining, prefs, secrets
+from dedloc_core import catalog_child, hardware, idle, joining, prefs, secrets
 from dedloc_core.catalog import Experiment, LoadResult
+from dedloc_core.contributor import Contributor, Pause, ReleaseWorker, Resume, SetLimits, StartWorker
+from dedloc_core.idle import NullIdle
 from dedloc_core.prefs import Preferences
-from dedloc_core.protocol import Error, Log, Progress, State
+from dedloc_core.protocol import Error, Limits, Log, Progress, State
+from dedloc_core.sampler import Sampler, gpu_probe
 
 from .bridge import Bridge
 from .supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 
-TICK_MS = 250  # how often the app re-decides whether to contribute
+TICK_MS = 100  # how often the app samples idleness and re-decides (a pause lands within ~0.25 s)
 SLOW_MS = 30_000  # how often statistics and the swarm summary refresh
 MAX_LOG = 2000
 
@@ -59,7 +62,7 @@ class Controller(QObject):
     quitting = Signal()
 
     def __init__(self, bridge: Bridge, supervisor: Supervisor, *, prefs_path: Path | None = None,
-                 stats_store=None, parent: QObject | None = None):
+                 stats_store=None, sampler: Sampler | None = None, parent: QObject | None = None):
         super().__init__(parent)
         self.bridge, self.supervisor = bridge, supervisor
         self.stats_store = stats_store  # dedloc_core.statsdb.StatsStore, or None when it cannot open
@@ -70,26 +73,24 @@ class Controller(QObject):
         self.catalog: LoadResult | None = None
         self.hardware: hardware.Hardware | None = None
         self.joined: Experiment | None = None
-        self.user_paused = False
-        self.snooze_until: float | None = None  # wall clock
-        self.snooze_gpu_until: float | None = None
+        # The policy: samples idleness, battery, load, schedule; says start / pause / resume / release.
+        self.contributor = Contributor(self.prefs, sampler or Sampler(own_pids=self._own_pids))
         self.last_progress: Progress | None = None
         self.worker_state: State | None = None
         self.last_error: Error | None = None
         self.log_entries: list[LogEntry] = []
         self.status = Status("idle", "Not contributing: no experiment joined")
-        self._paused_for: str | None = None  # the pause reason last sent to the worker
         self._data_server = None
         self._quitting = False
         self._quit_waiters: list = []
         self._quit_done = False
-        self.idle_source: str | None = None  # set by the policy loop when it finds an idle source
 
         supervisor.state.connect(self._on_state)
         supervisor.progress.connect(self._on_progress)
         supervisor.log.connect(self._on_log)
         supervisor.error.connect(self._on_error)
         supervisor.running_changed.connect(lambda _: self._update_status())
+        supervisor.stats.connect(lambda s: self.contributor.on_stats(s.bytes_sent, s.bytes_received))
         self._tick = QTimer(self)
         self._tick.timeout.connect(self.tick)
         self._tick.start(TICK_MS)
@@ -99,10 +100,14 @@ class Controller(QObject):
 
     # ---- start-up ----------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Load what takes time in the background: hardware, the catalog (then rejoin)."""
+    def start(self, detect_idle: bool = True) -> None:
+        """Load what takes time in the background: hardware, the idle source and GPU probe for the
+        policy, the catalog (then rejoin)."""
         if self.prefs_problem:
             self.note("WARNING", self.prefs_problem)
+        if detect_idle:
+            self.bridge.run(lambda: (idle.detect(), gpu_probe()), self._on_probes,
+                            lambda exc: self.note("ERROR", f"Idle detection failed: {exc}"))
         self.bridge.run(hardware.probe, self._on_hardware,
                         lambda exc: self.note("ERROR", f"Hardware detection failed: {exc}"))
         self.refresh_catalog(rejoin=True)
@@ -123,6 +128,12 @@ class Controller(QObject):
 
         self.bridge.run(work, done, lambda exc: self.note("ERROR", f"Loading the catalog failed: {exc}"))
 
+    def _on_probes(self, probes) -> None:
+        self.contributor.sampler.idle, self.contributor.sampler.gpu = probes
+        self.note("INFO", f"Idle detection: {self.idle_source_text()}")
+        if self.hardware is not None:
+            self.hardware_changed.emit(self.hardware)  # the Computer page shows the idle source with it
+
     def _on_hardware(self, hw: hardware.Hardware) -> None:
         self.hardware = hw
         self.hardware_changed.emit(hw)
@@ -130,7 +141,7 @@ class Controller(QObject):
     # ---- preferences ---------------------------------------------------------------------------
 
     def save_prefs(self, new: Preferences) -> None:
-        self.prefs = new
+        self.prefs = self.contributor.prefs = new
         self.prefs_changed.emit(new)
         self.bridge.run(lambda: prefs.save(new, self.prefs_path), None,
                         lambda exc: self.note("ERROR", f"Could not save preferences: {exc}"))
@@ -160,12 +171,7 @@ class Controller(QObject):
         if self.prefs.experiment_id != exp.id:
             self.save_prefs(self.prefs.model_copy(update={"experiment_id": exp.id}))
         self.last_progress = self.worker_state = self.last_error = None
-        self._paused_for = self._pause_reason(time.time())
-        if self._paused_for is not None:
-            self.supervisor.pause_reason = self._paused_for
-        start = joining.start_command(exp, self.prefs, threads=self._threads(), data_url=self._data_url(exp),
-                                      limits_now=self._limits(time.time()))
-        self.supervisor.join(start)
+        self.contributor.worker_released()  # the policy starts the worker when it decides to run
         self.note("INFO", f"Joined {exp.title}")
         self.joined_changed.emit(exp.id)
         self._update_status()
@@ -177,6 +183,7 @@ class Controller(QObject):
         self.note("INFO", f"Left {self.joined.title}")
         self.joined = None
         self.supervisor.leave()
+        self.contributor.worker_released()
         self.save_prefs(self.prefs.model_copy(update={"experiment_id": None}))
         self.joined_changed.emit(None)
         self._update_status()
@@ -201,53 +208,48 @@ class Controller(QObject):
     # ---- pause / snooze ------------------------------------------------------------------------
 
     def pause(self) -> None:
-        self.user_paused = True
+        self.contributor.pause()
         self.tick()
 
     def resume(self) -> None:
-        self.user_paused = False
-        self.snooze_until = self.snooze_gpu_until = None
+        self.contributor.resume()
         self.tick()
 
     def snooze(self, seconds: float = 3600, gpu_only: bool = False) -> None:
-        until = time.time() + seconds
-        if gpu_only:
-            self.snooze_gpu_until = until
-        else:
-            self.snooze_until = until
+        self.contributor.snooze(seconds, gpu_only=gpu_only)
         self.tick()
 
-    def _pause_reason(self, now: float) -> str | None:
-        if self.user_paused:
-            return "Paused by you"
-        if self.snooze_until is not None:
-            if now < self.snooze_until:
-                return f"Snoozed until {_hhmm(self.snooze_until)}"
-            self.snooze_until = None
-        return None
-
-    def _threads(self) -> int:
-        return self.hardware.threads if self.hardware else 1
-
-    def _limits(self, now: float):
-        gpu_snoozed = self.snooze_gpu_until is not None and now < self.snooze_gpu_until
-        return joining.limits(self.prefs, self._threads(), gpu_allowed=not gpu_snoozed)
+    def _own_pids(self) -> list[int]:
+        """This app and its worker's process tree: their CPU is not "other programs'"."""
+        worker = self.supervisor.worker
+        return [os.getpid()] + ([worker.pid] if worker is not None and worker.pid else [])
 
     def tick(self) -> None:
-        """Decide whether to contribute now and tell the worker when that changes."""
+        """Ask the policy whether to contribute now and carry out what it says."""
         if self._quitting:
             return
-        now = time.time()
-        reason = self._pause_reason(now)
         if self.joined is not None:
-            if reason != self._paused_for:
-                self._paused_for = reason
-                if reason is None:
+            for action in self.contributor.tick():
+                if isinstance(action, StartWorker):
+                    self._start_worker(action.limits)
+                elif isinstance(action, Pause):
+                    self.supervisor.pause(action.reason)
+                elif isinstance(action, Resume):
                     self.supervisor.resume()
-                else:
-                    self.supervisor.pause(reason)
-            self.supervisor.set_limits(self._limits(now))
+                elif isinstance(action, SetLimits):
+                    self.supervisor.set_limits(action.limits)
+                elif isinstance(action, ReleaseWorker):
+                    self.note("INFO", f"Paused for long ({action.reason}): the worker stops to free memory; "
+                                      "it rejoins when contributing resumes")
+                    self.supervisor.leave()
         self._update_status()
+
+    def _start_worker(self, limits: Limits) -> None:
+        exp = self.joined
+        assert exp is not None
+        start = joining.start_command(exp, self.prefs, limits=limits, data_url=self._data_url(exp))
+        self.supervisor.pause_reason = None
+        self.supervisor.join(start)
 
     # ---- worker events ---------------------------------------------------------------------------
 
@@ -297,9 +299,16 @@ class Controller(QObject):
             return Status("stopping", "Stopping the worker…")
         if self.joined is None:
             return Status("idle", "Not contributing: no experiment joined")
-        reason = self._paused_for
-        if reason is not None:
-            return Status("snoozed" if reason.startswith("Snoozed") else "paused", reason)
+        decision = self.contributor.decision
+        if decision is None:
+            return Status("starting", f"Starting {self.joined.title}…")
+        if not decision.run:
+            reason = decision.reason
+            if reason.startswith("Snoozed"):
+                return Status("snoozed", reason)
+            if not reason.startswith("Paused"):
+                reason = f"Paused: {reason[0].lower()}{reason[1:]}"
+            return Status("paused", reason)
         if not self.supervisor.running() and self.last_error is not None:
             return Status("error", f"{self.last_error.title}: {self.last_error.message}")
         ws = self.worker_state
@@ -308,8 +317,8 @@ class Controller(QObject):
         if ws.state == "training":
             sps = self.last_progress.samples_per_second if self.last_progress else 0.0
             text = f"Training {self.joined.recipe} · {sps:.0f} samples/s"
-            if self.snooze_gpu_until and time.time() < self.snooze_gpu_until:
-                text += f" · GPU snoozed until {_hhmm(self.snooze_gpu_until)}"
+            if decision.reason.startswith("Contributing ("):  # e.g. "you are using the computer: 25% CPU"
+                text += " · " + decision.reason[len("Contributing ("):-1]
             return Status("training", text)
         if ws.state == "paused":
             return Status("paused", ws.reason or "Paused")
@@ -320,6 +329,12 @@ class Controller(QObject):
         if status != self.status:
             self.status = status
             self.status_changed.emit(status)
+
+    @property
+    def idle_source(self) -> str | None:
+        """The idle-detection source in use, or None where none works."""
+        source = self.contributor.sampler.idle
+        return None if isinstance(source, NullIdle) else source.name
 
     def idle_source_text(self) -> str:
         return self.idle_source or "None found: the app treats you as present (schedule-only)"
@@ -348,8 +363,3 @@ class Controller(QObject):
         waiters, self._quit_waiters = self._quit_waiters, []
         for waiter in waiters:
             waiter()
-
-
-def _hhmm(wall: float) -> str:
-    return datetime.fromtimestamp(wall).strftime("%H:%M")
-

@@ -52,29 +52,16 @@ def data_base_url(experiment: Experiment, catalog: str | None) -> str | None:
     return None
 
 
-def cpu_threads(share_percent: int, threads: int) -> int:
-    return max(1, round(threads * share_percent / 100))
-
-
-def limits(prefs: Preferences, threads: int, *, in_use: bool = False, gpu_allowed: bool = True) -> Limits:
-    share = prefs.cpu_share_in_use if in_use else prefs.cpu_share_idle
-    return Limits(
-        cpu_threads=cpu_threads(share, threads),
-        use_gpu=prefs.use_gpu and gpu_allowed and (prefs.gpu_while_in_use or not in_use),
-        upload_bps=prefs.upload_cap_kbs * 1000 if prefs.upload_cap_kbs else None,
-        download_bps=prefs.download_cap_kbs * 1000 if prefs.download_cap_kbs else None,
-    )
-
-
-def start_command(experiment: Experiment, prefs: Preferences, *, threads: int, data_url: str | None,
-                  start_paused: bool = False, limits_now: Limits | None = None) -> Start:
+def start_command(experiment: Experiment, prefs: Preferences, *, limits: Limits, data_url: str | None,
+                  start_paused: bool = False) -> Start:
+    """The ``start`` command for ``experiment``, with the limits the policy decided (policy.decide)."""
     peers = list(dict.fromkeys([*experiment.initial_peers, *extra_peers()]))
     return Start(
         experiment=experiment.model_dump(mode="json"),
         initial_peers=peers,
         data_base_url=data_url,
         identity_path=str(paths.data_dir() / "identity.key"),
-        limits=limits_now or limits(prefs, threads),
+        limits=limits,
         start_paused=start_paused,
         display_name=prefs.display_name,
     )

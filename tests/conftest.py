@@ -19,6 +19,10 @@ from dedloc_core.httpserve import FileServer
 from dedloc_core.protocol import Limits, Start
 from dedloc_core.workerproc import WorkerProcess
 
+# Workers lower themselves to nice 19; on a shared test machine other jobs would starve the test
+# swarms. tests/test_pause.py checks the real priority by asking for it explicitly.
+os.environ.setdefault("DEDLOC_WORKER_NICE", "0")
+
 CORPUS_MANIFEST = json.loads(resources.files("resources").joinpath("corpus", "manifest.json").read_text())
 
 

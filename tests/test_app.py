@@ -27,7 +27,16 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("DEDLOC_HOME", str(tmp_path / "home"))
     for name in ("DEDLOC_CATALOG_URL", "DEDLOC_TRUSTED_KEYS", "DEDLOC_INITIAL_PEERS"):
         monkeypatch.delenv(name, raising=False)
-    return tmp_path / "home"
+    home = tmp_path / "home"
+    # This machine runs the other peers of each test swarm: their CPU must not count as "other
+    # programs are busy" (the default pauses above 50 %).
+    write_prefs(home, other_cpu_limit=None)
+    return home
+
+
+def write_prefs(home: Path, **fields) -> None:
+    (home / "config").mkdir(parents=True, exist_ok=True)
+    (home / "config" / "preferences.json").write_text(json.dumps({"version": 1, **fields}))
 
 
 @pytest.fixture
@@ -97,8 +106,8 @@ def test_preferences_form_round_trip(make_app, home):
     app.bridge.drain()
     path = home / "config" / "preferences.json"
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not path.exists():
-        time.sleep(0.05)
+    while time.monotonic() < deadline and "idle_minutes" not in path.read_text():
+        time.sleep(0.05)  # saved on a background thread
     saved = json.loads(path.read_text())
     assert saved["idle_minutes"] == 7.5 and saved["upload_cap_kbs"] == 300 and saved["idle_only"] is False
     assert saved["schedule"][0]["days"] == [0, 1, 2, 3, 4] and saved["download_cap_kbs"] is None
@@ -113,7 +122,6 @@ def test_preferences_form_round_trip(make_app, home):
 
 
 def test_broken_preferences_file_is_kept_aside_and_shown(make_app, home):
-    (home / "config").mkdir(parents=True)
     (home / "config" / "preferences.json").write_text('{"idle_minutes": "soon"')
     app = make_app()
     assert app.controller.prefs.idle_minutes == 3.0
@@ -247,3 +255,50 @@ def test_real_worker_through_the_tray(make_app, qtbot, signed_catalog_server, sp
 
     total = StatsStore(app.controller.stats_store.path).totals()
     assert total.samples >= stats[-1].samples > 0 and total.rounds >= 1, total
+
+
+@pytest.mark.timeout(600)
+def test_the_worker_runs_while_away_and_pauses_when_the_user_returns(
+        make_app, qtbot, home, signed_catalog_server, spawn_worker, monkeypatch):
+    """The policy through the app on a real X server: present (recent input) -> nothing starts;
+    30 s without input -> the worker trains; a mouse move -> paused within about a second."""
+    from conftest import start_command
+    from desktop import need, xvfb
+
+    need("Xvfb", "xdpyinfo", "xdotool")
+    seed = spawn_worker("seed")
+    seed.send(start_command(signed_catalog_server, seed.home, seed=7, target_batch_size=256))
+    state = seed.wait_for(lambda e: getattr(e, "state", None) == "training", 120)
+    assert state is not None, "the seed peer did not start"
+    monkeypatch.setenv("DEDLOC_INITIAL_PEERS", " ".join(state.maddrs))
+    write_prefs(home, consent=True, idle_minutes=0.5, other_cpu_limit=None)
+    with xvfb() as display:
+        monkeypatch.setenv("DISPLAY", display)
+        app = make_app()
+        try:
+            _run_away_and_return(app, qtbot, display)
+        finally:  # quit while the X server still runs: Xlib ends a process whose display vanishes
+            done = []
+            app.controller.quit(lambda: done.append(True))
+            qtbot.waitUntil(lambda: bool(done), timeout=60000)
+            app.controller.contributor.sampler.idle.close()
+
+
+def _run_away_and_return(app, qtbot, display: str) -> None:
+    from desktop import xdotool
+
+    qtbot.waitUntil(lambda: (app.controller.idle_source or "").startswith("X11"), timeout=15000)
+    qtbot.waitUntil(lambda: "X11" in app.window.show_page("This computer").label.text(), timeout=15000)
+    xdotool(display, "mousemove", "10", "10")
+    assert app.controller.join("tiny-lm-test")
+    qtbot.waitUntil(lambda: app.controller.status.text == "Paused: you are using the computer", timeout=5000)
+    assert app.supervisor.worker is None, "a worker started while the user was present"
+
+    qtbot.waitUntil(lambda: app.controller.status.state == "training" and app.controller.last_progress,
+                    timeout=240000)
+    returned = time.monotonic()
+    xdotool(display, "mousemove", "300", "200")
+    qtbot.waitUntil(lambda: app.controller.worker_state.state == "paused", timeout=5000)
+    took = time.monotonic() - returned
+    assert app.controller.status.text == "Paused: you are using the computer"
+    assert took < 2.0, f"the worker paused {took:.2f} s after the user came back"

@@ -45,7 +45,8 @@ def test_screenshots_of_every_page_and_the_tray_menu(tmp_path, signed_catalog_se
     assert state is not None, "the seed peer did not start"
     home = tmp_path / "home"
     (home / "config").mkdir(parents=True)
-    (home / "config" / "preferences.json").write_text(json.dumps({"version": 1, "consent": True}))
+    (home / "config" / "preferences.json").write_text(  # contribute while "in use": Xvfb just started
+        json.dumps({"version": 1, "consent": True, "idle_only": False, "other_cpu_limit": None}))
     with xvfb(tray=True) as display:
         env = {**os.environ, "DISPLAY": display, "DEDLOC_HOME": str(home),
                "DEDLOC_INITIAL_PEERS": " ".join(state.maddrs)}
