@@ -9,7 +9,8 @@ The loop, per peer (``DilocoOptimizer.step`` after every micro-batch):
 3. The next inner steps start at once, so a slow uplink does not stall compute. When the average
    arrives, the outer optimizer (SGD with Nesterov momentum) applies it to the outer model, and the
    inner steps made meanwhile are carried over onto the new outer model (a one-step-stale update).
-   Only if a whole further H steps finish before the sync does, the peer waits for it.
+   The loop never waits for a sync: if one outlasts H more steps, the next starts when it ends (so
+   pausing and stopping stay immediate).
 
 Joining and leaving: a newcomer downloads the outer model, outer momentum and round number from a
 peer, then joins the swarm's next sync at once with a zero update (weight ~0), so it never delays
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +82,6 @@ class DilocoOptimizer:
         self._last_step = time.monotonic()
         self._stop = threading.Event()
         self._published = 0.0
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="diloco-sync")
         self._rounds_key = f"{run_id}_diloco_rounds"
         self._peer_key = str(dht.peer_id)
         self.averager = DeltaAverager(
@@ -112,8 +112,8 @@ class DilocoOptimizer:
         self._step_seconds = elapsed if not self._step_seconds else 0.9 * self._step_seconds + 0.1 * min(elapsed, 60)
         self.inner_steps += 1
         self.samples_since_launch += self.batch_size
-        if self._sync is not None and (self._sync.done() or self.inner_steps >= self.cfg.inner_steps):
-            self._finish_sync()  # blocks only when a whole further H steps ran before the sync ended
+        if self._sync is not None and self._sync.done():
+            self._finish_sync()
         if self._sync is None and (self.inner_steps >= self.cfg.inner_steps or self.contribute_zero):
             self._launch_sync()
         if now - self._published > max(5.0, self.averaging_timeout / 2):
@@ -133,8 +133,7 @@ class DilocoOptimizer:
 
     def shutdown(self) -> None:
         self._stop.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self.averager.shutdown()
+        self.averager.shutdown()  # a sync thread still running is a daemon: it dies with the process
 
     # ---- syncing ---------------------------------------------------------------------------------
 
@@ -148,8 +147,17 @@ class DilocoOptimizer:
         self.contribute_zero = False
         self._base = local
         self.inner_steps = self.samples_since_launch = 0
-        self._sync = self._pool.submit(self._run_sync, deltas, weight, self.round)
+        self._sync = future = Future()
+        threading.Thread(target=self._run_in_background, args=(future, deltas, weight, self.round),
+                         name="diloco-sync", daemon=True).start()
         self._announce()
+
+    def _run_in_background(self, future: Future[Outcome], *args: Any) -> None:
+        try:
+            future.set_result(self._run_sync(*args))
+        except Exception:  # noqa: BLE001 - the loop trains on; the next sync starts afresh
+            logger.exception("DiLoCo sync failed")
+            future.set_result(Outcome("failed"))
 
     def _run_sync(self, deltas: list[torch.Tensor], weight: float, round_: int) -> Outcome:
         """In the background thread: average until a group completes, or decide we are alone/behind."""
