@@ -1,17 +1,23 @@
 """DiLoCo against synchronous DeDLOC training: bytes per sample, final eval loss, wall time, utilization.
 
-    .venv/bin/python bench/diloco_vs_sync.py [--peers 2] [--samples 2400] [--model d64x2s32]
-        [--sync-target-batch 32] [--inner-steps 100] [--compression 8bit] [--lab PROFILE]
+    .venv/bin/python bench/diloco_vs_sync.py [--peers 2] [--rounds 2] [--model d64x2s32]
+        [--sync-target-batch 512] [--inner-steps 50] [--compression 8bit] [--lab PROFILE]
 
 Two phases, one after the other, each with ``--peers`` real peers (separate processes: real
-hivemind, real p2pd) training tiny-lm on the shipped corpus until each has trained ``--samples``
-samples: ``sync`` (hivemind.Optimizer, fp16 gradient averaging every ``--sync-target-batch``
-samples of the swarm, as the worker does) and ``diloco`` (``dedloc_core.diloco``: ``--inner-steps``
-local steps, then deltas averaged with ``--compression``). Each peer reports, at the moment it
-reaches the sample count: the eval loss of its model (the outer model in DiLoCo mode) on the shipped
-eval text, bytes sent (``hivemind_patches.traffic``, everything this peer put on the wire: DHT,
-matchmaking, averaging), wall time and compute time (forward + backward + optimizer step). Peers keep
-training until all have reported, so nobody is left waiting for a group.
+hivemind, real p2pd) training tiny-lm on the shipped corpus, the same number of samples per peer:
+
+- ``sync``: hivemind.Optimizer as the worker builds it: micro-batches of ``--batch`` accumulated
+  until the swarm reaches ``--sync-target-batch``, then fp16 gradients averaged.
+- ``diloco``: ``dedloc_core.diloco``; an inner step is this peer's share of the sync global batch
+  (``sync_target_batch / peers`` samples), ``--inner-steps`` (H) of them per round, deltas averaged
+  with ``--compression``. Peers train ``--rounds`` rounds; that sets the samples for both phases.
+
+Each peer reports, once it has trained the samples (in DiLoCo mode, once its last sync has been
+applied): the eval loss of its model (the outer model in DiLoCo mode) on the shipped eval text,
+bytes sent while training (``hivemind_patches.traffic`` from the common start, after every peer
+joined and loaded the state: everything this peer put on the wire, DHT and matchmaking included),
+wall time and compute time (forward + backward + optimizer step), which over wall time
+is the compute utilization. Peers keep training until all have reported.
 
 The last line: ``bytes per sample ratio sync/diloco: X, loss diloco/sync: Y``.
 
@@ -80,7 +86,9 @@ def run_peer(args: argparse.Namespace) -> None:
     go, stop = Path(args.stop + ".go"), Path(args.stop)
     while not go.exists():  # start together, so nobody trains alone at first
         time.sleep(0.1)
+    sent0, received0 = hivemind_patches.traffic()  # joining (state download) is not training traffic
     samples, compute, began, reported = 0, 0.0, time.monotonic(), False
+    shown = began
     while not stop.exists():
         t0 = time.perf_counter()
         loss = recipe.loss(model, next(batches))
@@ -89,11 +97,25 @@ def run_peer(args: argparse.Namespace) -> None:
         opt.zero_grad()
         compute += time.perf_counter() - t0
         samples += args.batch
+        if time.monotonic() - shown > 20:
+            shown = time.monotonic()
+            print(f"{args.mode}: {samples} samples, round {opt.local_epoch}", flush=True)
         if samples >= args.samples and not reported:
             reported = True
             wall = time.monotonic() - began
             sent, received = hivemind_patches.traffic()
-            if args.mode == "diloco":  # evaluate the outer model, the one the swarm agrees on
+            if args.mode == "diloco":  # wait for the last sync, evaluate the outer model the swarm agrees on
+                while True:  # finish the running sync and any round that is due; no more inner steps
+                    if opt._sync is not None:
+                        if opt._sync.done():
+                            opt._finish_sync()
+                        time.sleep(0.05)
+                    elif opt.inner_steps >= opt.cfg.inner_steps:
+                        opt._launch_sync()
+                    else:
+                        break
+                wall = time.monotonic() - began
+                sent, received = hivemind_patches.traffic()
                 local = [p.detach().clone() for p in opt.params]
                 with torch.no_grad():
                     for p, o in zip(opt.params, opt.outer_params, strict=True):
@@ -105,7 +127,8 @@ def run_peer(args: argparse.Namespace) -> None:
             else:
                 eval_loss = recipe.evaluate(model, [])
             Path(args.out).write_text(json.dumps(dict(
-                samples=samples, eval_loss=eval_loss, bytes_sent=sent, bytes_received=received, wall=wall,
+                samples=samples, eval_loss=eval_loss, bytes_sent=sent - sent0, bytes_received=received - received0,
+                wall=wall,
                 compute=compute, rounds=opt.local_epoch)))
     opt.shutdown()
     dht.shutdown()
@@ -137,10 +160,11 @@ def peer_command(argv: list[str], index: int, lab: str | None) -> list[str]:
 def run_phase(mode: str, args: argparse.Namespace, work: Path) -> list[dict]:
     stop = work / f"{mode}.stop"
     procs, outs = [], []
+    batch = args.batch if mode == "sync" else args.sync_target_batch // args.peers
     for i in range(args.peers):
         out = work / f"{mode}-{i}.json"
         argv = [sys.executable, __file__, "--peer", "--mode", mode, "--out", str(out), "--stop", str(stop),
-                "--seed", str(i + 1), "--model", args.model, "--batch", str(args.batch),
+                "--seed", str(i + 1), "--model", args.model, "--batch", str(batch),
                 "--samples", str(args.samples), "--sync-target-batch", str(args.sync_target_batch),
                 "--inner-steps", str(args.inner_steps), "--compression", args.compression]
         if args.lab:
@@ -194,11 +218,12 @@ def summarize(results: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", type=int, default=2)
-    ap.add_argument("--samples", type=int, default=2400, help="samples per peer")
+    ap.add_argument("--rounds", type=int, default=2, help="DiLoCo rounds (sets the samples per peer)")
     ap.add_argument("--model", default="d64x2s32")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--sync-target-batch", type=int, default=32)
-    ap.add_argument("--inner-steps", type=int, default=100)
+    ap.add_argument("--sync-target-batch", type=int, default=512)
+    ap.add_argument("--inner-steps", type=int, default=50)
+    ap.add_argument("--samples", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--compression", default="8bit", choices=["none", "fp16", "8bit"])
     ap.add_argument("--lab", default=None, help="network-lab link profile (needs tests/netlab)")
     ap.add_argument("--timeout", type=float, default=900)
@@ -215,13 +240,17 @@ def main() -> None:
         return
     if args.lab:
         peer_command([], 0, args.lab)  # fails early if the lab is missing
+    if args.sync_target_batch % (args.peers * args.batch):
+        raise SystemExit("--sync-target-batch must be a multiple of peers x batch")
+    args.samples = args.rounds * args.inner_steps * (args.sync_target_batch // args.peers)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="diloco-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DEDLOC_HOME", str(work / "home"))
     figures = {mode: summarize(run_phase(mode, args, work)) for mode in ("sync", "diloco")}
-    print(f"{args.peers} peers, {args.samples} samples each, model {args.model}, batch {args.batch}; "
-          f"sync: target batch {args.sync_target_batch}, fp16 gradients; diloco: H={args.inner_steps}, "
-          f"{args.compression} deltas; network: {args.lab or 'loopback'}")
+    print(f"{args.peers} peers, {args.samples} samples each, model {args.model}; sync: micro-batch {args.batch}, "
+          f"target batch {args.sync_target_batch}, fp16 gradients; diloco: inner batch "
+          f"{args.sync_target_batch // args.peers}, H={args.inner_steps}, {args.compression} deltas, "
+          f"{args.rounds} rounds; network: {args.lab or 'loopback'}")
     print(f"{'mode':8} {'eval loss':>10} {'bytes/sample':>13} {'wall s':>8} {'compute util':>13} {'rounds':>7}")
     for mode, f in figures.items():
         print(f"{mode:8} {f['eval_loss']:10.4f} {f['bytes_per_sample']:13.1f} {f['wall']:8.1f} "
