@@ -1,7 +1,7 @@
 """DiLoCo against synchronous DeDLOC training: bytes per sample, final eval loss, wall time, utilization.
 
-    .venv/bin/python bench/diloco_vs_sync.py [--peers 2] [--rounds 2] [--model d64x2s32]
-        [--sync-target-batch 512] [--inner-steps 50] [--compression 8bit] [--lab PROFILE]
+    .venv/bin/python bench/diloco_vs_sync.py [--peers 2] [--rounds 3] [--model d64x2s32]
+        [--sync-target-batch 256] [--inner-steps 100] [--compression 8bit] [--lab PROFILE]
 
 Two phases, one after the other, each with ``--peers`` real peers (separate processes: real
 hivemind, real p2pd) training tiny-lm on the shipped corpus, the same number of samples per peer:
@@ -16,8 +16,9 @@ Each peer reports, once it has trained the samples (in DiLoCo mode, once its las
 applied): the eval loss of its model (the outer model in DiLoCo mode) on the shipped eval text,
 bytes sent while training (``hivemind_patches.traffic`` from the common start, after every peer
 joined and loaded the state: everything this peer put on the wire, DHT and matchmaking included),
-wall time and compute time (forward + backward + optimizer step), which over wall time
-is the compute utilization. Peers keep training until all have reported.
+wall time and compute time (forward + backward; the optimizer step is left out because in sync mode
+it contains the blocking all-reduce), which over wall time is the compute utilization. Peers keep
+training until all have reported.
 
 The last line: ``bytes per sample ratio sync/diloco: X, loss diloco/sync: Y``.
 
@@ -70,7 +71,8 @@ def run_peer(args: argparse.Namespace) -> None:
     initial = json.loads(Path(args.initial).read_text()) if args.initial else []
     cfg = swarm.SwarmConfig(run_id=f"bench_{args.mode}", target_batch_size=args.sync_target_batch,
                             batch_size_per_step=args.batch, initial_peers=initial,
-                            host_maddrs=[listen_address(args.lab)], matchmaking_time=2.0, averaging_timeout=30.0)
+                            host_maddrs=[listen_address(args.lab)], matchmaking_time=args.matchmaking_time,
+                            averaging_timeout=30.0)
     dht = swarm.start_dht(cfg)
     Path(args.out + ".maddrs").write_text(json.dumps([str(m) for m in dht.get_visible_maddrs()]))
     if args.mode == "sync":
@@ -93,9 +95,9 @@ def run_peer(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         loss = recipe.loss(model, next(batches))
         loss.backward()
+        compute += time.perf_counter() - t0  # sync's opt.step() includes the all-reduce: not compute
         opt.step()
         opt.zero_grad()
-        compute += time.perf_counter() - t0
         samples += args.batch
         if time.monotonic() - shown > 20:
             shown = time.monotonic()
@@ -166,7 +168,8 @@ def run_phase(mode: str, args: argparse.Namespace, work: Path) -> list[dict]:
         argv = [sys.executable, __file__, "--peer", "--mode", mode, "--out", str(out), "--stop", str(stop),
                 "--seed", str(i + 1), "--model", args.model, "--batch", str(batch),
                 "--samples", str(args.samples), "--sync-target-batch", str(args.sync_target_batch),
-                "--inner-steps", str(args.inner_steps), "--compression", args.compression]
+                "--inner-steps", str(args.inner_steps), "--compression", args.compression,
+                "--matchmaking-time", str(args.matchmaking_time)]
         if args.lab:
             argv += ["--lab", args.lab]
         if i:
@@ -218,13 +221,14 @@ def summarize(results: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2, help="DiLoCo rounds (sets the samples per peer)")
+    ap.add_argument("--rounds", type=int, default=3, help="DiLoCo rounds (sets the samples per peer)")
     ap.add_argument("--model", default="d64x2s32")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--sync-target-batch", type=int, default=512)
-    ap.add_argument("--inner-steps", type=int, default=50)
+    ap.add_argument("--sync-target-batch", type=int, default=256)
+    ap.add_argument("--inner-steps", type=int, default=100)
     ap.add_argument("--samples", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--compression", default="8bit", choices=["none", "fp16", "8bit"])
+    ap.add_argument("--matchmaking-time", type=float, default=1.0, help="seconds, both modes")
     ap.add_argument("--lab", default=None, help="network-lab link profile (needs tests/netlab)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--keep", default=None, help="keep peer logs in this folder")
