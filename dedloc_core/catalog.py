@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # cryptography is imported where keys are used: the tray app 
 
 __all__ = [
     "ENVELOPE_FORMAT", "MAX_CATALOG_BYTES", "PASSPHRASE_ENV", "Catalog", "CatalogStore", "DataSource",
-    "Experiment", "HardwareMinimums", "LoadResult", "fetch_catalog", "generate_keypair", "key_id",
+    "DilocoParams", "Experiment", "HardwareMinimums", "LoadResult", "fetch_catalog", "generate_keypair", "key_id",
     "load_private_key", "load_trusted_keys", "parse_public_key", "public_key_line", "sign_catalog",
     "validate_catalog", "verify_catalog",
 ]
@@ -237,8 +237,20 @@ class DataSource(_Model):
         return shards
 
 
+class DilocoParams(_Model):
+    """DiLoCo training (``mode: diloco``): ``inner_steps`` local optimizer steps (H), then the swarm
+    averages the deltas from the last synced model, compressed by ``compression``, and an outer
+    Nesterov-momentum SGD (``outer_lr``, ``outer_momentum``) applies the average."""
+
+    inner_steps: int = Field(100, ge=1, le=100_000)
+    outer_lr: float = Field(0.7, gt=0, le=10)
+    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    compression: Literal["none", "fp16", "8bit"] = "8bit"
+
+
 class Experiment(_Model):
-    """One training run volunteers can join."""
+    """One training run volunteers can join. ``mode`` is ``sync`` (DeDLOC: every global step
+    averages gradients to reach ``target_batch_size``) or ``diloco`` (see ``DilocoParams``)."""
 
     id: Slug
     title: Line
@@ -257,6 +269,8 @@ class Experiment(_Model):
     needs_token: bool = False
     status: Literal["active", "paused", "finished", "upcoming"]
     expires_at: AwareDatetime | None = None
+    mode: Literal["sync", "diloco"] = "sync"
+    diloco: DilocoParams = Field(default_factory=DilocoParams)
 
     @model_validator(mode="after")
     def _consistent(self) -> Experiment:

@@ -16,6 +16,14 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    through the shared token buckets of ``dedloc_core.bandwidth``, and the unary calls and handlers
    per message. Installed before patch 1, so the counters wrap the paced functions. With no cap
    set, the original functions run unchanged.
+4. ``8-bit codecs under NumPy 2``: ``Quantization.extract`` and ``BlockwiseQuantization.extract``
+   (``compression/quantization.py``) read the codebook size with ``int(np.frombuffer(..., count=1))``,
+   a 1-element array, which NumPy 2 refuses (``TypeError: only 0-dimensional arrays can be
+   converted to Python scalars``): every 8-bit tensor failed to decode. We read element ``[0]``
+   instead (the upstream fix, made after 1.1.12). ``Uniform8BitQuantization.quantize`` also called
+   ``torch.quantize_per_tensor``, deprecated by torch 2.13; we compute the same uint8 indices
+   (round half to even, clamped to 0..255) with plain tensor ops, so the bytes on the wire are the
+   same as before.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ def install() -> None:
     _patch_bandwidth()
     _patch_traffic()
     _patch_p2pd_spawn()
+    _patch_8bit_codecs()
 
 
 def _patch_traffic() -> None:
@@ -188,3 +197,53 @@ def _patch_bandwidth() -> None:
         await add_unary(self, handle_name, paced, input_protobuf_type, balanced=balanced)
 
     P2P._add_protobuf_unary_handler = _add_protobuf_unary_handler  # type: ignore[method-assign]
+
+
+def _patch_8bit_codecs() -> None:
+    import math
+
+    import numpy as np
+    import torch
+    from hivemind.compression import quantization as q
+
+    def extract(self, serialized_tensor):  # Quantization.extract, codebook size read as element [0]
+        buffer = serialized_tensor.buffer
+        codebook_size = int(np.frombuffer(buffer, count=1, dtype=np.int64)[0])
+        codebook = np.frombuffer(buffer, offset=8, count=codebook_size, dtype=self.codebook_dtype)
+        quantized = np.frombuffer(buffer, offset=8 + codebook.nbytes, dtype=self.indices_dtype)
+        quantized = torch.from_numpy(quantized.astype(np.int64)).reshape(tuple(serialized_tensor.size))
+        codebook = torch.from_numpy(codebook.copy()).to(dtype=getattr(torch, serialized_tensor.dtype))
+        return codebook[quantized].requires_grad_(serialized_tensor.requires_grad)
+
+    def blockwise_extract(self, serialized_tensor):  # BlockwiseQuantization.extract, sizes read as [0]
+        from bitsandbytes.functional import dequantize_blockwise  # hivemind requires it for this codec
+
+        buffer = serialized_tensor.buffer
+        absmax_size = int(np.frombuffer(buffer, count=1, dtype=np.int64)[0])
+        codebook_size = int(np.frombuffer(buffer, offset=8, count=1, dtype=np.int64)[0])
+        absmax = np.frombuffer(buffer, offset=16, count=absmax_size, dtype=self.codebook_dtype)
+        codebook = np.frombuffer(buffer, offset=16 + absmax.nbytes, count=codebook_size, dtype=self.codebook_dtype)
+        quantized = np.frombuffer(buffer, offset=16 + absmax.nbytes + codebook.nbytes, dtype=self.indices_dtype)
+        result = dequantize_blockwise(
+            torch.from_numpy(quantized.copy()).reshape(tuple(serialized_tensor.size)),
+            absmax=torch.from_numpy(absmax.copy()), code=torch.from_numpy(codebook.copy()),
+            blocksize=q._BLOCKWISE_QUANTIZATION_BLOCKSIZE, nested=False)
+        return result.to(getattr(torch, serialized_tensor.dtype)).requires_grad_(serialized_tensor.requires_grad)
+
+    def uniform_quantize(self, tensor, allow_inplace=False):  # without torch.quantize_per_tensor
+        offset = self.n_bins // 2
+        shift = tensor.mean()
+        tensor = tensor.to(dtype=torch.float32, copy=not allow_inplace)
+        centered = tensor.sub_(shift) if allow_inplace else tensor - shift
+        std_unbiased = centered.norm() / math.sqrt(centered.numel() - 1)
+        scale = float(self.RANGE_IN_SIGMAS * std_unbiased / self.n_bins)
+        if scale == 0.0 or not math.isfinite(scale):
+            quantized = torch.full_like(centered, offset, dtype=torch.uint8)
+        else:
+            quantized = torch.round(centered / scale).add_(offset).clamp_(0, self.n_bins - 1).to(torch.uint8)
+        lookup = q.average_buckets(tensor, quantized, self.n_bins)
+        return np.asarray(quantized, dtype=self.indices_dtype), np.asarray(lookup, dtype=self.codebook_dtype)
+
+    q.Quantization.extract = extract  # type: ignore[method-assign]
+    q.BlockwiseQuantization.extract = blockwise_extract  # type: ignore[method-assign]
+    q.Uniform8BitQuantization.quantize = uniform_quantize  # type: ignore[method-assign]

@@ -109,6 +109,8 @@ class Progress(_Message):
     bytes_sent: int
     bytes_received: int
     param_digest: list[float] = []
+    mode: str | None = None  # the experiment's training mode, "sync" or "diloco"
+    next_sync_in: float | None = None  # diloco: seconds to this peer's next outer sync (0 while one runs)
 
 
 class Stats(_Message):

@@ -86,8 +86,17 @@ class Session:
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
         self.dht = swarm.start_dht(cfg)
         self.public_key = metrics.add_validators(self.dht, exp.run_id)
-        self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
-        self.param_digest = swarm.param_digest
+        if exp.mode == "diloco":
+            from .diloco import DilocoOptimizer
+
+            self.optimizer = DilocoOptimizer(
+                self.dht, exp.run_id, self.model, self.recipe, exp.diloco, batch_size=self.batch_size,
+                matchmaking_time=exp.matchmaking_time, averaging_timeout=exp.averaging_timeout,
+                client_mode=self.dht.client_mode)
+            self.param_digest = lambda _model: self.optimizer.outer_digest()  # identical on synced peers
+        else:
+            self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
+            self.param_digest = swarm.param_digest
         self.on_gpu = self._on_gpu()
         self.gate = limits.PauseGate(self._should_hold, self._pause)
         self.gate.attach(self.model)  # pauses inside forward and backward, not only between batches
@@ -184,21 +193,28 @@ class Session:
         t0, s0, _ = self._window
         local_sps = (self.samples - s0) / max(now - t0, 1e-6)
         self._window = (now, self.samples, self.compute_seconds)
-        progress = opt.tracker.global_progress
         sent, received = hivemind_patches.traffic()
+        if self.experiment.mode == "diloco":
+            swarm_fields = dict(global_step=opt.local_epoch, swarm_samples_per_second=local_sps,
+                                num_peers=max(1, opt.last_group_size), samples_accumulated=opt.samples_since_launch,
+                                target_batch_size=opt.cfg.inner_steps * self.batch_size,
+                                next_sync_in=opt.next_sync_in())
+        else:
+            progress = opt.tracker.global_progress
+            swarm_fields = dict(global_step=max(progress.epoch, opt.local_epoch), num_peers=progress.num_peers,
+                                swarm_samples_per_second=getattr(opt.tracker, "swarm_samples_per_second", 0.0),
+                                samples_accumulated=progress.samples_accumulated,
+                                target_batch_size=progress.target_batch_size)
         self.channel.send(
             Progress(
                 local_epoch=opt.local_epoch,
-                global_step=max(progress.epoch, opt.local_epoch),
                 samples_per_second=local_sps,
-                swarm_samples_per_second=getattr(opt.tracker, "swarm_samples_per_second", 0.0),
                 loss=self.loss_ema,
-                num_peers=progress.num_peers,
-                samples_accumulated=progress.samples_accumulated,
-                target_batch_size=progress.target_batch_size,
                 bytes_sent=sent,
                 bytes_received=received,
                 param_digest=self._current_digest(),
+                mode=self.experiment.mode,
+                **swarm_fields,
             )
         )
         self.channel.send(

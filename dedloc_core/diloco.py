@@ -1,0 +1,285 @@
+"""DiLoCo training: H local steps, then the swarm averages the deltas and an outer optimizer applies them.
+
+The loop, per peer (``DilocoOptimizer.step`` after every micro-batch):
+
+1. The inner optimizer (the recipe's, e.g. AdamW) steps on the local parameters.
+2. After ``inner_steps`` (H) steps the peer launches an outer sync in a background thread: its
+   delta (outer model minus local parameters, the "pseudo-gradient"; never the weights) goes into
+   an all-reduce with the other peers (``delta_averaging.DeltaAverager``), compressed.
+3. The next inner steps start at once, so a slow uplink does not stall compute. When the average
+   arrives, the outer optimizer (SGD with Nesterov momentum) applies it to the outer model, and the
+   inner steps made meanwhile are carried over onto the new outer model (a one-step-stale update).
+   The loop never waits for a sync: if one outlasts H more steps, the next starts when it ends (so
+   pausing and stopping stay immediate).
+
+Joining and leaving: a newcomer downloads the outer model, outer momentum and round number from a
+peer, then joins the swarm's next sync at once with a zero update (weight ~0), so it never delays
+the round; from its first full round on it sends real deltas. After every round each peer knows the
+rounds of its group (all-gathered): a peer that is behind (it missed rounds) reloads the outer state
+from the others instead of applying a stale average. A round whose all-reduce fails (a peer killed
+while reducing) is retried with the remaining peers from a fresh copy of the deltas. A peer that
+finds nobody else alive in the DHT applies its own delta.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from hivemind.utils import get_dht_time
+
+from .delta_averaging import DeltaAverager, RoundResult
+
+logger = logging.getLogger(__name__)
+
+ZERO_WEIGHT = 1e-6  # a zero update still needs a positive weight (hivemind divides by the weights' sum)
+
+
+@dataclass
+class Outcome:
+    """How a background sync ended: ``averaged`` (with the group's average), ``solo`` (nobody else
+    alive: own delta), ``behind`` (others are at a later round: reload), or ``failed``."""
+
+    kind: str
+    averaged: list[torch.Tensor] = field(default_factory=list)
+    result: RoundResult | None = None
+
+
+class DilocoOptimizer:
+    """Inner optimizer + outer Nesterov SGD + background delta averaging, for one model.
+
+    Has the parts of ``hivemind.Optimizer`` that the worker's loop uses: ``step``, ``zero_grad``,
+    ``local_epoch`` (the outer round), ``rounds_joined`` and ``shutdown``."""
+
+    def __init__(self, dht, run_id: str, model: torch.nn.Module, recipe, params, *, batch_size: int,
+                 matchmaking_time: float, averaging_timeout: float, client_mode: bool = False,
+                 load_state_timeout: float = 30.0):
+        self.dht, self.run_id, self.cfg = dht, run_id, params
+        self.batch_size = batch_size
+        self.matchmaking_time, self.averaging_timeout = matchmaking_time, averaging_timeout
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.inner = recipe.build_optimizer(self.params)
+        self.scheduler = recipe.build_scheduler(self.inner)
+        self.outer_params = [p.detach().clone() for p in self.params]
+        self.outer = torch.optim.SGD(self.outer_params, lr=params.outer_lr, momentum=params.outer_momentum,
+                                     nesterov=params.outer_momentum > 0)
+        self._lock = threading.Lock()  # guards the outer state (read by newcomers from another thread)
+        self.round = 0
+        self.rounds_joined = 0
+        self.last_group_size = 0
+        self.inner_steps = 0  # since the last sync was launched
+        self.samples_since_launch = 0
+        self.contribute_zero = False
+        self.last_contribution: str | None = None
+        self._sync: Future[Outcome] | None = None
+        self._base: list[torch.Tensor] = []  # local parameters when the running sync was launched
+        self._step_seconds = 0.0  # moving average of one inner step, for next_sync_in
+        self._last_step = time.monotonic()
+        self._stop = threading.Event()
+        self._published = 0.0
+        self._rounds_key = f"{run_id}_diloco_rounds"
+        self._peer_key = str(dht.peer_id)
+        self.averager = DeltaAverager(
+            [p.shape for p in self.params], dht, prefix=f"{run_id}_diloco", compression=params.compression,
+            state_provider=self._outer_state, min_matchmaking_time=matchmaking_time, client_mode=client_mode,
+            request_timeout=1.0, next_chunk_timeout=max(5.0, averaging_timeout / 3),
+        )
+        self._announce()
+        if self._load_outer_state(load_state_timeout):
+            logger.info("DiLoCo: loaded the outer model of round %d from the swarm", self.round)
+
+    # ---- the public loop -------------------------------------------------------------------------
+
+    @property
+    def local_epoch(self) -> int:
+        return self.round
+
+    def zero_grad(self) -> None:
+        self.inner.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        """One inner step; launch, or apply, an outer sync when due."""
+        self.inner.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        now = time.monotonic()
+        elapsed, self._last_step = now - self._last_step, now
+        self._step_seconds = elapsed if not self._step_seconds else 0.9 * self._step_seconds + 0.1 * min(elapsed, 60)
+        self.inner_steps += 1
+        self.samples_since_launch += self.batch_size
+        if self._sync is not None and self._sync.done():
+            self._finish_sync()
+        if self._sync is None and (self.inner_steps >= self.cfg.inner_steps or self.contribute_zero):
+            self._launch_sync()
+        if now - self._published > max(5.0, self.averaging_timeout / 2):
+            self._announce()
+
+    def next_sync_in(self) -> float:
+        """Seconds until this peer launches its next sync (0 while one is running)."""
+        if self._sync is not None:
+            return 0.0
+        return max(0, self.cfg.inner_steps - self.inner_steps) * self._step_seconds
+
+    def outer_digest(self) -> list[float]:
+        """A few numbers that identify the outer parameters (identical on every synced peer)."""
+        with self._lock, torch.no_grad():
+            flat = torch.cat([p.reshape(-1).float() for p in self.outer_params])
+        return [float(flat.sum()), float(flat.abs().sum()), float(flat[:: max(1, flat.numel() // 7)].sum())]
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.averager.shutdown()  # a sync thread still running is a daemon: it dies with the process
+
+    # ---- syncing ---------------------------------------------------------------------------------
+
+    def _launch_sync(self) -> None:
+        local = [p.detach().clone() for p in self.params]
+        zero = self.contribute_zero
+        with self._lock:
+            deltas = [torch.zeros_like(o) if zero else o - x for o, x in zip(self.outer_params, local, strict=True)]
+        weight = ZERO_WEIGHT if zero else float(self.samples_since_launch)
+        self.last_contribution = "zero" if zero else "real"
+        self.contribute_zero = False
+        self._base = local
+        self.inner_steps = self.samples_since_launch = 0
+        self._sync = future = Future()
+        threading.Thread(target=self._run_in_background, args=(future, deltas, weight, self.round),
+                         name="diloco-sync", daemon=True).start()
+        self._announce()
+
+    def _run_in_background(self, future: Future[Outcome], *args: Any) -> None:
+        try:
+            future.set_result(self._run_sync(*args))
+        except Exception:  # noqa: BLE001 - the loop trains on; the next sync starts afresh
+            logger.exception("DiLoCo sync failed")
+            future.set_result(Outcome("failed"))
+
+    def _run_sync(self, deltas: list[torch.Tensor], weight: float, round_: int) -> Outcome:
+        """In the background thread: average until a group completes, or decide we are alone/behind."""
+        deadline = time.monotonic() + 10 * self.averaging_timeout  # others at our round will come
+        attempt_timeout = self.matchmaking_time + self.averaging_timeout
+        while not self._stop.is_set():
+            result, averaged = self.averager.average(deltas, weight=weight, gather={"round": round_, "weight": weight},
+                                                     timeout=attempt_timeout)
+            if result.group_size > 1:
+                return Outcome("averaged", averaged, result)
+            logger.info("DiLoCo round %d: no complete group (%s)", round_, result.error)
+            others = self._other_rounds()
+            if any(r > round_ for r in others.values()):
+                return Outcome("behind")
+            if not others:
+                return Outcome("solo", deltas)
+            if time.monotonic() > deadline:
+                return Outcome("failed")
+            self._stop.wait(0.5)
+        return Outcome("failed")
+
+    def _finish_sync(self) -> None:
+        assert self._sync is not None
+        outcome, self._sync = self._sync.result(), None
+        local = [p.detach().clone() for p in self.params]
+        progress = [x - b for x, b in zip(local, self._base, strict=True)]  # inner steps made meanwhile
+        if outcome.kind == "averaged" and outcome.result and outcome.result.gathered:
+            gathered = outcome.result.gathered
+            latest = max(int(g.get("round", 0)) for g in gathered.values())
+            total = sum(float(g.get("weight", 0)) for g in gathered.values())
+            self.last_group_size = len(gathered)
+            if latest > self.round:
+                outcome = Outcome("behind")
+            elif total <= ZERO_WEIGHT * len(gathered):  # only newcomers: nothing to apply
+                logger.info("DiLoCo round %d: only zero updates in the group", self.round)
+                self._carry(progress)
+                return
+            else:
+                self.rounds_joined += 1
+        if outcome.kind in ("averaged", "solo"):
+            self._outer_step(outcome.averaged)
+            logger.info("DiLoCo round %d done (%s, group of %d, contributed a %s update)", self.round,
+                        outcome.kind, max(1, self.last_group_size if outcome.kind == "averaged" else 1),
+                        self.last_contribution)
+            self._carry(progress)
+        elif outcome.kind == "behind":
+            logger.info("DiLoCo round %d: the swarm is ahead; catching up", self.round)
+            if not self._load_outer_state(self.averaging_timeout):
+                self._carry(progress)
+        else:
+            logger.warning("DiLoCo round %d: no group within the timeout; training on", self.round)
+            self.contribute_zero = self.last_contribution == "zero"
+            self._carry(progress)
+
+    def _outer_step(self, averaged: list[torch.Tensor]) -> None:
+        with self._lock:
+            for param, delta in zip(self.outer_params, averaged, strict=True):
+                param.grad = delta.to(param.dtype)
+            self.outer.step()
+            for param in self.outer_params:
+                param.grad = None
+            self.round += 1
+        self.averager.state_sharing_priority = float(self.round)
+        self._announce()
+
+    def _carry(self, progress: list[torch.Tensor]) -> None:
+        """Local parameters := outer model + the inner progress made since the sync was launched."""
+        with self._lock, torch.no_grad():
+            for param, outer, step in zip(self.params, self.outer_params, progress, strict=True):
+                param.copy_(outer + step)
+
+    # ---- outer state, for newcomers and catching up -------------------------------------------------
+
+    def _outer_state(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        with self._lock:
+            buffers = [self.outer.state.get(p, {}).get("momentum_buffer") for p in self.outer_params]
+            has_momentum = all(b is not None for b in buffers)
+            momentum = [b if b is not None and has_momentum else torch.zeros_like(p)
+                        for b, p in zip(buffers, self.outer_params, strict=True)]
+            return ({"round": self.round, "has_momentum": has_momentum},
+                    [p.clone() for p in self.outer_params] + [m.clone() for m in momentum])
+
+    def _load_outer_state(self, timeout: float) -> bool:
+        if not self._other_rounds():
+            return False
+        loaded = self.averager.load_state_from_peers(timeout=timeout)
+        if loaded is None:
+            logger.warning("DiLoCo: could not download the outer state from the swarm")
+            return False
+        metadata, tensors = loaded
+        n = len(self.outer_params)
+        shapes = [p.shape for p in self.outer_params] * 2
+        if len(tensors) != 2 * n or any(t.shape != shape for t, shape in zip(tensors, shapes, strict=True)):
+            logger.warning("DiLoCo: a peer sent an outer state of the wrong shape; ignored")
+            return False
+        with self._lock, torch.no_grad():
+            for param, value in zip(self.outer_params, tensors[:n], strict=True):
+                param.copy_(value)
+            for param, value in zip(self.outer_params, tensors[n:], strict=True):
+                if metadata.get("has_momentum"):
+                    self.outer.state[param]["momentum_buffer"] = value.clone()
+                else:
+                    self.outer.state.pop(param, None)
+            for param, outer in zip(self.params, self.outer_params, strict=True):
+                param.copy_(outer)
+            self.round = int(metadata.get("round", 0))
+        self.averager.state_sharing_priority = float(self.round)
+        self.contribute_zero = True  # join the next sync at once, with a zero update
+        self.inner_steps = self.samples_since_launch = 0
+        self._announce()
+        return True
+
+    def _announce(self) -> None:
+        """Publish this peer's round in the DHT (how peers tell that they are alone or behind)."""
+        self._published = time.monotonic()
+        ttl = max(30.0, 2 * self.averaging_timeout)
+        self.dht.store(self._rounds_key, subkey=self._peer_key, value=self.round,
+                       expiration_time=get_dht_time() + ttl, return_future=True)
+
+    def _other_rounds(self) -> dict[str, int]:
+        found = self.dht.get(self._rounds_key, latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return {str(k): int(v.value) for k, v in found.value.items()
+                if str(k) != self._peer_key and isinstance(getattr(v, "value", None), int)}
