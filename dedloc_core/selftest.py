@@ -37,6 +37,7 @@ class SelfTestFailed(DedlocError):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dedloc --self-test", description=__doc__.splitlines()[0])
+    p.add_argument("--experiment", default=EXPERIMENT, help=f"an experiment of the shipped catalog (default {EXPERIMENT})")
     p.add_argument("--steps", type=int, default=2, help="global training steps to reach (default 2)")
     p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     p.add_argument("--keep", type=Path, default=None, help="keep the worker's files and log here")
@@ -74,8 +75,8 @@ def _ok(step: str, detail: str = "") -> None:
 
 
 def run(args: argparse.Namespace, root: Path) -> None:
-    experiment = _experiment(root)
-    _ok("catalog", f"signed default catalog verified; experiment {EXPERIMENT!r}")
+    experiment = _experiment(root, args.experiment)
+    _ok("catalog", f"signed default catalog verified; experiment {args.experiment!r}")
     _hardware(root)
     with resources.as_file(paths.resource("corpus")) as corpus:
         from .httpserve import FileServer
@@ -86,18 +87,21 @@ def run(args: argparse.Namespace, root: Path) -> None:
             _train(args, root, experiment, server.url)
 
 
-def _experiment(root: Path) -> dict:
+def _experiment(root: Path, exp_id: str) -> dict:
     from .catalog import CatalogStore
 
     result = CatalogStore(root / "last_good.json").load_default()
     if result.catalog is None or result.source != "default":
         reason = result.error.message if result.error else "no catalog"
         raise SelfTestFailed("catalog", f"The shipped catalog is unusable: {reason}")
-    exp = result.catalog.get(EXPERIMENT)
+    exp = result.catalog.get(exp_id)
     if exp is None:
-        raise SelfTestFailed("catalog", f"The shipped catalog has no experiment {EXPERIMENT!r}.")
+        known = ", ".join(e.id for e in result.catalog.experiments)
+        raise SelfTestFailed("catalog", f"The shipped catalog has no experiment {exp_id!r} (it has {known}).")
     data = exp.model_dump(mode="json")
-    data.update(recipe_params=SMALL, run_id=f"selftest_{os.getpid()}", batch_size_per_step=BATCH,
+    if exp.recipe == "tiny-lm":
+        data["recipe_params"] = SMALL
+    data.update(status="active", run_id=f"selftest_{os.getpid()}", batch_size_per_step=BATCH,
                 target_batch_size=BATCH * MICRO_BATCHES_PER_STEP, matchmaking_time=1.0, averaging_timeout=10.0)
     return data
 
@@ -172,7 +176,8 @@ def _watch(args: argparse.Namespace, worker: WorkerProcess, deadline: float, exp
         if first_loss is None and event.loss is not None:
             first_loss = event.loss
         if event.local_epoch >= args.steps:
-            _ok("training", f"{event.local_epoch} global steps of {experiment['recipe']} alone, "
+            plural = "s" if event.local_epoch != 1 else ""
+            _ok("training", f"{event.local_epoch} global step{plural} of {experiment['recipe']} alone, "
                             f"loss {first_loss:.3f} -> {event.loss:.3f}, {event.samples_per_second:.0f} samples/s")
             return
 
