@@ -27,9 +27,11 @@ if [ "${1:-}" != "--no-bundle" ]; then
     rm -rf "$DIST/dedloc"
     "$PY" -m PyInstaller --noconfirm --log-level WARN --distpath "$DIST" --workpath build/pyinstaller \
         installers/dedloc.spec
-    # Symbol tables of the shared libraries (libtorch_cpu.so alone carries 90 MB); never the
-    # executable itself, whose archive of Python modules is appended to it.
-    find "$DIST/dedloc/_internal" -type f -name '*.so*' -print0 | xargs -0 -r strip --strip-unneeded
+    # Drop the symbol tables of the shared libraries (libtorch_cpu.so alone carries 90 MB). Not:
+    # the executable (its archive of Python modules is appended to it), libraries that auditwheel
+    # rewrote with patchelf (*.libs/: stripped, they no longer load), nor Qt's (little to gain).
+    find "$DIST/dedloc/_internal" -type f -name '*.so*' -not -path '*.libs/*' -not -path '*/PySide6/*' \
+        -print0 | xargs -0 -r strip --strip-unneeded
     echo "bundle: $DIST/dedloc ($(size "$DIST/dedloc")) in $(took "$t")"
 fi
 [ -x "$DIST/dedloc/dedloc" ] || { echo "No bundle at $DIST/dedloc/dedloc: build it first." >&2; exit 1; }

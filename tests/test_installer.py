@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -81,6 +82,32 @@ def test_cli_and_app_entry_points(built, tmp_path):
     assert out.returncode == 0 and "--hidden" in out.stdout, out.stderr[-2000:]
     out = run_exe("stats", home=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_no_arguments_starts_the_tray_app_without_torch(built, tmp_path):
+    """The launcher runs the executable with no arguments: the Qt app starts (offscreen here), does
+    not load torch, and quits cleanly on SIGTERM."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(QT_QPA_PLATFORM="offscreen", DEDLOC_HOME=str(tmp_path))
+    proc = subprocess.Popen([str(EXE)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        log = tmp_path / "log" / "app.log"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not log.exists():
+            time.sleep(0.5)
+        time.sleep(3)  # let it settle: window, catalog, stats
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "PySide6/Qt/lib/libQt6Widgets" in maps
+        assert "libtorch_cpu" not in maps, "the GUI process loaded torch"
+        rss_mb = psutil.Process(proc.pid).memory_info().rss / 2**20
+        print(f"frozen app, idle: {rss_mb:.0f} MB resident")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_self_test_trains_alone_and_exits_zero(built, tmp_path):
