@@ -37,7 +37,8 @@ class SelfTestFailed(DedlocError):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dedloc --self-test", description=__doc__.splitlines()[0])
-    p.add_argument("--experiment", default=EXPERIMENT, help=f"an experiment of the shipped catalog (default {EXPERIMENT})")
+    p.add_argument("--experiment", default=EXPERIMENT,
+                   help=f"an experiment of the shipped catalog (default {EXPERIMENT})")
     p.add_argument("--steps", type=int, default=2, help="global training steps to reach (default 2)")
     p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     p.add_argument("--keep", type=Path, default=None, help="keep the worker's files and log here")
@@ -47,8 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.monotonic()
-    print(f"DeDLOC Volunteer {__version__} self-test ({'frozen build' if _frozen() else 'Python ' + sys.version.split()[0]})",
-          flush=True)
+    build = "frozen build" if _frozen() else "Python " + sys.version.split()[0]
+    print(f"DeDLOC Volunteer {__version__} self-test ({build})", flush=True)
     try:
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
@@ -152,7 +153,8 @@ def _watch(args: argparse.Namespace, worker: WorkerProcess, deadline: float, exp
     step = "joining"
     first_loss = None
     while True:
-        event = worker.wait_for(lambda e: isinstance(e, State | Progress | Error), max(0.0, deadline - time.monotonic()))
+        left = max(0.0, deadline - time.monotonic())
+        event = worker.wait_for(lambda e: isinstance(e, State | Progress | Error), left)
         if event is None:
             if not worker.running():
                 raise SelfTestFailed(step, f"The worker exited (code {worker.proc.poll() if worker.proc else '?'}).")
