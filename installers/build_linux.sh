@@ -49,13 +49,16 @@ for png in resources/icons/$NAME-*.png; do
     install -D -m 644 "$png" "$STAGE/usr/share/icons/hicolor/${n}x${n}/apps/$NAME.png"
 done
 install -D -m 644 "resources/icons/$NAME.svg" "$STAGE/usr/share/icons/hicolor/scalable/apps/$NAME.svg"
+# The oldest glibc the bundle runs on: the newest GLIBC_ symbol version any of its files asks for.
+GLIBC=$({ find "$DIST/dedloc" -type f \( -name '*.so*' -o -perm -u+x \) -print0 \
+    | xargs -0 objdump -T 2>/dev/null || true; } | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
 cat > "$STAGE/DEBIAN/control" <<CONTROL
 Package: $NAME
 Version: $VERSION
 Architecture: $ARCH
 Maintainer: DeDLOC Volunteer project <dedloc-volunteer@users.noreply.github.com>
 Installed-Size: $(du -sk --exclude=DEBIAN "$STAGE" | cut -f1)
-Depends: libc6 (>= 2.31), libgl1, libegl1, libfontconfig1, libxkbcommon0, libdbus-1-3, libglib2.0-0
+Depends: libc6 (>= ${GLIBC:-2.28}), libgl1, libegl1, libfontconfig1, libxkbcommon0, libdbus-1-3, libglib2.0-0
 Recommends: libxcb-cursor0, libxkbcommon-x11-0, libxcb-icccm4, libxcb-image0, libxcb-keysyms1, libxcb-randr0, libxcb-render-util0, libxcb-shape0, libxcb-xinerama0, libxcb-xkb1, libxss1
 Section: science
 Priority: optional

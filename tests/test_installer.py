@@ -7,6 +7,7 @@ Marked ``installer`` (deselected by default; ``make installer-test`` runs it, a 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -154,9 +155,14 @@ def test_deb_contents_and_scratch_install(built, tmp_path):
                  "./usr/share/icons/hicolor/scalable/apps/dedloc-volunteer.svg"):
         assert path in listing, path
     assert "root/root" in listing.splitlines()[0]
-    control = subprocess.run(["dpkg-deb", "-f", str(deb), "Package", "Version", "Architecture"],
+    control = subprocess.run(["dpkg-deb", "-f", str(deb), "Package", "Version", "Depends"],
                              capture_output=True, text=True, check=True).stdout
     assert "Package: dedloc-volunteer" in control and "Version: 0." in control
+    # The glibc the bundle's libraries ask for: at least 2.17, at most the build machine's own.
+    needed = re.search(r"libc6 \(>= ([0-9.]+)\)", control)
+    here = subprocess.run(["ldd", "--version"], capture_output=True, text=True).stdout.split("\n")[0].split()[-1]
+    assert needed, control
+    assert (2, 17) <= tuple(map(int, needed[1].split("."))) <= tuple(map(int, here.split("."))), (needed[1], here)
 
     root = tmp_path / "root"
     subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
