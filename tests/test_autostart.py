@@ -125,3 +125,16 @@ def test_exec_quoting_of_plain_and_empty_args():
     assert autostart.exec_quote("") == '""'
     assert autostart.exec_quote("100%") == "100%%"
     assert autostart.exec_line(["/a b/c", "x"]) == '"/a b/c" x'
+
+
+def test_frozen_build_re_runs_itself(monkeypatch):
+    """In a PyInstaller build every child process is this executable again (one place decides)."""
+    from dedloc_core import workerproc
+
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "executable", "/opt/dedloc-volunteer/dedloc")
+    assert workerproc.worker_command() == ["/opt/dedloc-volunteer/dedloc", "--worker"]
+    assert workerproc.dedloc_command("backbone", "--x") == ["/opt/dedloc-volunteer/dedloc", "backbone", "--x"]
+    assert autostart.launch_command() == ["/opt/dedloc-volunteer/dedloc", "app", "--hidden"]
+    text = autostart.desktop_entry(autostart.launch_command(), autostart=True)
+    assert "Exec=/opt/dedloc-volunteer/dedloc app --hidden\n" in text
