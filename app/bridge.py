@@ -20,6 +20,7 @@ class Bridge(QObject):
         super().__init__(parent)
         self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="app-bg")
+        self._closed = False
         self._timer = QTimer(self)
         self._timer.timeout.connect(self.drain)
         self._timer.start(period_ms)
@@ -43,6 +44,10 @@ class Bridge(QObject):
                 result = future.result()
                 self.post(lambda: done(result))
 
+        if self._closed:  # the app is quitting: nothing new starts
+            future: Future = Future()
+            future.cancel()
+            return future
         future = self._pool.submit(work)
         future.add_done_callback(finished)
         return future
@@ -59,5 +64,6 @@ class Bridge(QObject):
                 logger.exception("Callback on the GUI thread failed")
 
     def shutdown(self) -> None:
+        self._closed = True
         self._timer.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from dedloc_core import hardware, joining, prefs, secrets
-from dedloc_core.catalog import CatalogStore, Experiment, LoadResult, load_trusted_keys
+from dedloc_core import catalog_child, hardware, joining, prefs, secrets
+from dedloc_core.catalog import Experiment, LoadResult
 from dedloc_core.prefs import Preferences
 from dedloc_core.protocol import Error, Log, Progress, State
 
@@ -59,7 +59,7 @@ class Controller(QObject):
     quitting = Signal()
 
     def __init__(self, bridge: Bridge, supervisor: Supervisor, *, prefs_path: Path | None = None,
-                 store: CatalogStore | None = None, stats_store=None, parent: QObject | None = None):
+                 stats_store=None, parent: QObject | None = None):
         super().__init__(parent)
         self.bridge, self.supervisor = bridge, supervisor
         self.stats_store = stats_store  # dedloc_core.statsdb.StatsStore, or None when it cannot open
@@ -67,7 +67,6 @@ class Controller(QObject):
         loaded = prefs.load(prefs_path)
         self.prefs: Preferences = loaded.prefs
         self.prefs_problem = loaded.warning
-        self.store = store or CatalogStore()
         self.catalog: LoadResult | None = None
         self.hardware: hardware.Hardware | None = None
         self.joined: Experiment | None = None
@@ -83,6 +82,7 @@ class Controller(QObject):
         self._data_server = None
         self._quitting = False
         self._quit_waiters: list = []
+        self._quit_done = False
         self.idle_source: str | None = None  # set by the policy loop when it finds an idle source
 
         supervisor.state.connect(self._on_state)
@@ -110,9 +110,8 @@ class Controller(QObject):
     def refresh_catalog(self, rejoin: bool = False) -> None:
         url = joining.catalog_url()
 
-        def work() -> LoadResult:
-            keys = load_trusted_keys(joining.trusted_key_paths())
-            return self.store.refresh(url, keys) if url else self.store.load_default(keys)
+        def work() -> LoadResult:  # verified in a child process: no cryptography in the tray
+            return catalog_child.load(url or "")
 
         def done(result: LoadResult) -> None:
             self.catalog = result
@@ -253,6 +252,8 @@ class Controller(QObject):
     # ---- worker events ---------------------------------------------------------------------------
 
     def refresh_stats(self) -> None:
+        if self._quitting:
+            return
         self.stats_changed.emit()
         url = joining.swarm_summary_url()
         if url and self.joined is not None:
@@ -327,6 +328,9 @@ class Controller(QObject):
 
     def quit(self, done) -> None:
         """Stop the worker (gracefully, then its whole process tree), then call ``done``."""
+        if self._quit_done:
+            done()
+            return
         self._quit_waiters.append(done)
         if self._quitting:
             return
@@ -334,9 +338,16 @@ class Controller(QObject):
         self._quitting = True
         self._update_status()
         self._tick.stop()
+        self._slow.stop()
         if self._data_server is not None:
             self._data_server.stop()
-        self.supervisor.shutdown(lambda _result: [waiter() for waiter in self._quit_waiters])
+        self.supervisor.shutdown(lambda _result: self._finish_quit())
+
+    def _finish_quit(self) -> None:
+        self._quit_done = True
+        waiters, self._quit_waiters = self._quit_waiters, []
+        for waiter in waiters:
+            waiter()
 
 
 def _hhmm(wall: float) -> str:

@@ -7,8 +7,8 @@ import logging
 import logging.handlers
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
@@ -16,27 +16,42 @@ from dedloc_core import paths
 
 from .bridge import Bridge
 from .controller import Controller
-from .firstrun import FirstRunDialog
 from .instance import SingleInstance
 from .supervisor import Supervisor
 from .tray import Tray
-from .window import MainWindow
+
+if TYPE_CHECKING:
+    from .window import MainWindow
 
 logger = logging.getLogger(__name__)
 NO_TRAY = ("No system tray was found, so DeDLOC Volunteer runs in this window. Closing it quits the app "
            "and stops contributing. (On GNOME, install the AppIndicator extension to get a tray icon.)")
 
 
-@dataclass
 class App:
-    """The parts of a running app, wired together (tests build one with ``build``)."""
+    """The parts of a running app, wired together (tests build one with ``build``). The window is
+    built the first time it is needed: an app started hidden in the tray never pays for it."""
 
-    qapp: QApplication
-    bridge: Bridge
-    supervisor: Supervisor
-    controller: Controller
-    window: MainWindow
-    tray: Tray | None
+    def __init__(self, qapp: QApplication, bridge: Bridge, supervisor: Supervisor, controller: Controller):
+        self.qapp = qapp
+        self.bridge = bridge
+        self.supervisor = supervisor
+        self.controller = controller
+        self.tray: Tray | None = None
+        self._window: MainWindow | None = None
+
+    @property
+    def window(self) -> MainWindow:
+        if self._window is None:
+            from .window import MainWindow
+
+            window = MainWindow(self.controller)
+            if self.tray is None:
+                window.quit_on_close = True
+                window.on_quit = self.quit
+                window.banner(NO_TRAY, "info")
+            self._window = window
+        return self._window
 
     def show_window(self) -> None:
         self.window.bring_up()
@@ -60,6 +75,8 @@ class App:
         def ask(result=None) -> None:
             self.controller.catalog_changed.disconnect(ask)
             catalog = self.controller.catalog.catalog if self.controller.catalog else None
+            from .firstrun import FirstRunDialog
+
             dialog = FirstRunDialog(self.controller.prefs, catalog, self.window)
 
             def accepted() -> None:
@@ -81,15 +98,10 @@ def build(qapp: QApplication, *, prefs_path: Path | None = None, env: dict[str, 
     stats_store, recorder = _stats()
     supervisor = Supervisor(bridge, env=env, recorder=recorder)
     controller = Controller(bridge, supervisor, prefs_path=prefs_path, stats_store=stats_store)
-    window = MainWindow(controller)
-    app = App(qapp, bridge, supervisor, controller, window, None)
+    app = App(qapp, bridge, supervisor, controller)
     use_tray = QSystemTrayIcon.isSystemTrayAvailable() if tray is None else tray
     if use_tray:
         app.tray = Tray(controller, app.show_window, app.quit)
-    else:
-        window.quit_on_close = True
-        window.on_quit = app.quit
-        window.banner(NO_TRAY, "info")
     qapp.aboutToQuit.connect(lambda: controller.quit(lambda: None))
     return app
 

@@ -67,6 +67,8 @@ class MainWindow(QMainWindow):
         controller.stats_changed.connect(stats.refresh)
         controller.swarm_changed.connect(stats.set_swarm_summary)
         controller.peer_id_changed.connect(stats.set_peer_id)
+        if controller.worker_state is not None and controller.worker_state.peer_id:
+            stats.set_peer_id(controller.worker_state.peer_id)  # the window may open long after the join
 
     def show_page(self, name: str) -> QWidget:
         self.nav.setCurrentRow(list(self.pages).index(name))

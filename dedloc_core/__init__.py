@@ -18,6 +18,11 @@ The code is organized as follows:
 - ``swarmview``: the swarm summary as plain data (``/swarm.json``), no hivemind.
 - ``statsdb``, ``statsrecorder``: the local contribution statistics (SQLite) and their feed from
   worker events; ``stats_cli``: ``dedloc stats``.
+- ``idle``: seconds since the last user input, per desktop (X11, GNOME, KDE, logind, Windows, macOS).
+- ``policy``, ``sampler``, ``contributor``: whether to contribute now and within which limits (a
+  pure function), what the machine looks like, and the worker actions that follow.
+- ``limits``, ``bandwidth``: limits the worker applies to itself (priority, threads, GPU, pause gate)
+  and the shared token buckets that cap its p2p traffic.
 - ``demo``: a backbone and volunteers on loopback (``dedloc demo``).
 - ``cli``: the ``dedloc`` command.
 

@@ -41,12 +41,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -63,6 +60,9 @@ from .errors import CatalogError, RecipeError
 from .paths import atomic_write, data_dir, resource
 from .recipes import RECIPE_NAMES, validate_params
 from .shards import Shard
+
+if TYPE_CHECKING:  # cryptography is imported where keys are used: the tray app reads catalogs without it
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 __all__ = [
     "ENVELOPE_FORMAT", "MAX_CATALOG_BYTES", "PASSPHRASE_ENV", "Catalog", "CatalogStore", "DataSource",
@@ -339,18 +339,24 @@ def _passphrase_bytes(passphrase: str | bytes) -> bytes:
 
 def key_id(public_key: Ed25519PublicKey) -> str:
     """The first 16 hex digits of sha256 of the raw 32-byte public key."""
+    from cryptography.hazmat.primitives import serialization
+
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
 def public_key_line(public_key: Ed25519PublicKey, comment: str = "") -> str:
     """``ed25519 <base64 raw key> [comment]``, the public key file format."""
+    from cryptography.hazmat.primitives import serialization
+
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return " ".join(filter(None, ["ed25519", base64.b64encode(raw).decode(), comment.strip()]))
 
 
 def parse_public_key(text: str) -> Ed25519PublicKey:
     """Read the first key line of a public key file (blank lines and ``#`` comments skipped)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     for line in text.splitlines():
         fields = line.split()
         if not fields or fields[0].startswith("#"):
@@ -368,6 +374,9 @@ def generate_keypair(passphrase: str | bytes, comment: str = "") -> tuple[bytes,
     """A new organizer key: (PKCS#8 PEM encrypted with ``passphrase``, public key line)."""
     if not passphrase:
         raise _error("bad_key", "A passphrase is required: private keys are never stored in plain text.")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.BestAvailableEncryption(_passphrase_bytes(passphrase)))
@@ -376,6 +385,9 @@ def generate_keypair(passphrase: str | bytes, comment: str = "") -> tuple[bytes,
 
 def load_private_key(pem: bytes, passphrase: str | bytes) -> Ed25519PrivateKey:
     """Decrypt an organizer's private key; raise CatalogError(code="bad_key") if that fails."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     try:
         key = serialization.load_pem_private_key(pem, _passphrase_bytes(passphrase) or None)
     except (ValueError, TypeError) as exc:
@@ -465,6 +477,8 @@ def verify_catalog(data: bytes | str, trusted_keys: Mapping[str, Ed25519PublicKe
     key = trusted_keys.get(kid)
     if key is None:
         raise _error("untrusted_key", f"The catalog is signed by key {kid}, which this app does not trust.")
+    from cryptography.exceptions import InvalidSignature
+
     try:
         key.verify(signature, payload.encode("utf-8"))
     except InvalidSignature:

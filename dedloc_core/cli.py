@@ -14,6 +14,7 @@ _DELEGATED = {
     "backbone": "dedloc_core.backbone",
     "app": "app.main",
     "self-test": "dedloc_core.selftest",
+    "catalog-child": "dedloc_core.catalog_child",
 }
 
 
@@ -21,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--worker":  # how a frozen build re-runs itself as the worker
         argv[0] = "worker"
-    if argv and argv[0] == "--self-test":
-        argv[0] = "self-test"
+    if argv and argv[0] in ("--self-test", "--catalog-child"):  # the frozen build's spellings
+        argv[0] = argv[0][2:]
     if argv and argv[0] in _DELEGATED:
         import importlib
 

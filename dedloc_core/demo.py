@@ -207,11 +207,17 @@ class Demo:
             return
         from .swarmview import SwarmUnavailable, fetch_summary
 
-        try:
-            summary = fetch_summary(url + "swarm.json", timeout=5)
-        except SwarmUnavailable as exc:
-            print(f"{exc.title}: {exc.message}", file=sys.stderr)
-            return
+        reached = max((v.progress.global_step for v in self.views if v.progress), default=0)
+        deadline = time.monotonic() + 30  # the backbone records every few seconds: let it catch up
+        while True:
+            try:
+                summary = fetch_summary(url + "swarm.json", timeout=5)
+            except SwarmUnavailable as exc:
+                print(f"{exc.title}: {exc.message}", file=sys.stderr)
+                return
+            if summary.global_step >= reached or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         (self.root / "swarm.json").write_text(summary.model_dump_json(indent=1))
         board = ", ".join(f"{c.name}: {c.samples}" for c in summary.leaderboard)
         print(f"Swarm at step {summary.global_step}; leaderboard: {board or '(empty)'}")

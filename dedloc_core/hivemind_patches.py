@@ -10,6 +10,12 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    (``p2p/p2p_daemon.py``, ``create_subprocess_exec``) without tying their lifetime to ours; after
    a SIGKILL they linger forever. We set ``PR_SET_PDEATHSIG`` = SIGKILL in every forked child and in
    ``p2pd``, so a killed worker takes its whole tree with it.
+3. ``bandwidth caps``: hivemind cannot cap traffic (its ``bandwidth`` is a load-balancing hint).
+   We pace ``P2P.send_protobuf`` (each message waits for its tokens, then is written whole, as
+   before) and ``P2P.receive_raw_data`` (read chunk by chunk, each after its tokens; ``p2p/p2p_daemon.py``)
+   through the shared token buckets of ``dedloc_core.bandwidth``, and the unary calls and handlers
+   per message. Installed before patch 1, so the counters wrap the paced functions. With no cap
+   set, the original functions run unchanged.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ def install() -> None:
     _installed = True
     _counters = mp.RawArray("Q", 2)
     os.register_at_fork(after_in_child=_set_pdeathsig)
+    _patch_bandwidth()
     _patch_traffic()
     _patch_p2pd_spawn()
 
@@ -125,3 +132,59 @@ def _patch_p2pd_spawn() -> None:
             return getattr(real_asyncio, name)
 
     p2p_daemon.asyncio = _AsyncioProxy()  # type: ignore[assignment]
+
+
+def _patch_bandwidth() -> None:
+    from hivemind.p2p.p2p_daemon import P2P
+
+    from . import bandwidth
+
+    bandwidth.setup()  # shared buckets, created before hivemind forks
+    send_protobuf, receive_raw = P2P.send_protobuf, P2P.receive_raw_data
+
+    async def send_protobuf_paced(protobuf, writer: asyncio.StreamWriter) -> None:
+        # wait for the whole message's tokens (paced chunk by chunk) *before* writing any of it:
+        # hivemind writes a message's marker, header and body with no yield between them, and a
+        # yield there would let another coroutine's message interleave on the same stream
+        if bandwidth.active(bandwidth.UP):
+            await bandwidth.take_up(1 + P2P.HEADER_LEN + protobuf.ByteSize())
+        await send_protobuf(protobuf, writer)
+
+    async def receive_raw_data(reader: asyncio.StreamReader) -> bytes:
+        if not bandwidth.active(bandwidth.DOWN):
+            return await receive_raw(reader)
+        header = await reader.readexactly(P2P.HEADER_LEN)
+        left = int.from_bytes(header, P2P.BYTEORDER)
+        parts = []
+        while left > 0:
+            step = min(left, bandwidth.CHUNK)
+            await bandwidth.take_down(step)  # reading slower fills the buffers: the sender slows
+            parts.append(await reader.readexactly(step))
+            left -= step
+        return b"".join(parts)
+
+    P2P.send_protobuf = staticmethod(send_protobuf_paced)  # type: ignore[method-assign]
+    P2P.receive_raw_data = staticmethod(receive_raw_data)  # type: ignore[method-assign]
+
+    call_unary = P2P._call_unary_protobuf_handler
+
+    async def _call_unary_protobuf_handler(self, peer_id, handle_name, input, output_protobuf_type):
+        await bandwidth.take_up(input.ByteSize())
+        response = await call_unary(self, peer_id, handle_name, input, output_protobuf_type)
+        await bandwidth.take_down(response.ByteSize())
+        return response
+
+    P2P._call_unary_protobuf_handler = _call_unary_protobuf_handler  # type: ignore[method-assign]
+
+    add_unary = P2P._add_protobuf_unary_handler
+
+    async def _add_protobuf_unary_handler(self, handle_name, handler, input_protobuf_type, balanced=False):
+        async def paced(request, context):
+            await bandwidth.take_down(request.ByteSize())
+            response = await handler(request, context)
+            await bandwidth.take_up(response.ByteSize())
+            return response
+
+        await add_unary(self, handle_name, paced, input_protobuf_type, balanced=balanced)
+
+    P2P._add_protobuf_unary_handler = _add_protobuf_unary_handler  # type: ignore[method-assign]

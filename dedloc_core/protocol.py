@@ -29,12 +29,14 @@ class _Message(BaseModel):
 
 
 class Limits(_Message):
-    """Resource limits. ``None`` leaves a limit unchanged (or unlimited at start)."""
+    """Resource limits. ``None`` leaves a limit unchanged (or unlimited at start); for the byte
+    caps and the GPU memory cap, 0 means "no cap"."""
 
     cpu_threads: int | None = Field(None, ge=1, le=1024)
     use_gpu: bool | None = None
     upload_bps: int | None = Field(None, ge=0)
     download_bps: int | None = Field(None, ge=0)
+    gpu_memory_mb: int | None = Field(None, ge=0)  # cap on this worker's GPU memory (0 = none)
 
 
 class Start(_Message):

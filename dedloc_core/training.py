@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from . import hivemind_patches, metrics, paths
+from . import hivemind_patches, limits, metrics, paths
 from .errors import WorkerError
 from .protocol import Progress, Start, State, Stats
 from .worker import Control, EventChannel
@@ -38,6 +38,7 @@ class Session:
         self._window = (time.monotonic(), 0, 0.0)  # (time, samples, compute) at last progress
         self._digest: tuple[int, list[float]] = (-1, [])
         self._next_publish = 0.0
+        self.on_gpu = False
 
     # ---- setup / teardown -------------------------------------------------------------------
 
@@ -57,10 +58,13 @@ class Session:
         from . import swarm
         from .recipes import load_recipe
 
+        limits.lower_priority(limits.worker_nice())  # before hivemind forks and torch starts threads
         swarm.prepare_process()
         self._apply_limits()
         self.recipe = load_recipe(exp.recipe, exp.recipe_params)
         self.model = self.recipe.build_model(seed=0)
+        if limits.gpu_wanted(self.limits):  # the device is chosen once; use_gpu=False later pauses
+            self.model.to("cuda")
         self.batch_size = self.start.batch_size or exp.batch_size_per_step
         self.batches = self.recipe.batches(shard_paths, self.batch_size, seed=self.start.seed)
         self.torch = torch
@@ -77,12 +81,16 @@ class Session:
             client_mode=self.start.client_mode,
             matchmaking_time=exp.matchmaking_time,
             averaging_timeout=exp.averaging_timeout,
+            bandwidth=limits.bandwidth_hint(self.limits),
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
         self.dht = swarm.start_dht(cfg)
         self.public_key = metrics.add_validators(self.dht, exp.run_id)
         self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
         self.param_digest = swarm.param_digest
+        self.on_gpu = self._on_gpu()
+        self.gate = limits.PauseGate(self._should_hold, self._pause)
+        self.gate.attach(self.model)  # pauses inside forward and backward, not only between batches
         self.peer_id = str(self.dht.peer_id)
         self.maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
         logger.info("Joined run %s as %s", exp.run_id, self.peer_id)
@@ -107,12 +115,18 @@ class Session:
         return cache.fetch_all(exp.data.shards, base_url=self.start.data_base_url or exp.data.base_url)
 
     def _apply_limits(self) -> None:
-        import torch
-
-        threads = self.control.limits.cpu_threads or self.start.limits.cpu_threads
-        if threads:
-            torch.set_num_threads(threads)
         self.control.limits_changed.clear()
+        self.limits = limits.merged(self.start.limits, self.control.limits)
+        limits.apply_cpu_and_network(self.limits)
+        limits.apply_gpu_memory_cap(self.limits)
+
+    def _should_hold(self) -> bool:
+        """Paused by the app, or on a GPU that the limits now forbid."""
+        if self.control.limits_changed.is_set():
+            self._apply_limits()
+        if self.control.stop.is_set():
+            return False
+        return self.control.paused.is_set() or (self.on_gpu and self.limits.use_gpu is False)
 
     def _state(self, state: str, reason: str) -> None:
         peer_id = getattr(self, "peer_id", None)
@@ -128,12 +142,10 @@ class Session:
         self._state("training", f"Training {self.experiment.recipe}")
         next_report = time.monotonic() + self.start.progress_period
         while not control.stop.is_set() and not self.channel.broken.is_set():
-            if control.paused.is_set():
+            if self._should_hold():
                 self._pause()
                 next_report = time.monotonic()
                 continue
-            if control.limits_changed.is_set():
-                self._apply_limits()
             began = time.perf_counter()
             batch = next(self.batches)
             loss = self.recipe.loss(self.model, batch)
@@ -151,10 +163,15 @@ class Session:
         self._report()
 
     def _pause(self) -> None:
-        reason = self.control.pause_reason or "Paused"
+        if self.control.paused.is_set():
+            reason = self.control.pause_reason or "Paused"
+        else:
+            reason = "GPU use is off for now"
         self._state("paused", reason)
         began = time.monotonic()
-        while self.control.paused.is_set() and not self.control.stop.is_set():
+        if self.on_gpu:
+            self.torch.cuda.empty_cache()  # give cached GPU memory back while paused
+        while self._should_hold():
             self.control.stop.wait(0.05)
         self.paused_seconds += time.monotonic() - began
         self._window = (time.monotonic(), self.samples, self.compute_seconds)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 
 import psutil
 import pytest
 
+from dedloc_core.catalog import Catalog, generate_keypair, load_private_key, public_key_line, sign_catalog
 from dedloc_core.httpserve import FileServer
 from dedloc_core.protocol import Limits, Start
 from dedloc_core.workerproc import WorkerProcess
@@ -79,8 +82,9 @@ def spawn_worker(tmp_path):
         return worker
 
     yield spawn
-    for worker in started:
-        worker.stop(timeout=15)
+    if started:  # stop them side by side: each leaves its swarm gracefully, which takes seconds
+        with ThreadPoolExecutor(len(started)) as pool:
+            list(pool.map(lambda w: w.stop(timeout=15), started))
 
 
 def start_command(server: FileServer, home: Path, *, initial_peers=None, seed=0, **exp_overrides) -> Start:
@@ -106,3 +110,24 @@ def reap_leftovers():
             proc.send_signal(signal.SIGKILL)
         except psutil.Error:
             pass
+
+
+@pytest.fixture
+def signed_catalog_server(tmp_path, corpus_server, monkeypatch):
+    """A real HTTP server with a catalog (of the tiny test experiment) signed by a test key that the
+    app trusts through DEDLOC_TRUSTED_KEYS; shards come from the corpus server next to it."""
+    pem, public = generate_keypair("test-pass", "test key")
+    key = load_private_key(pem, "test-pass")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "test.pub").write_text(public_key_line(key.public_key(), "test") + "\n")
+    now = datetime.now(UTC)
+    exp = tiny_experiment(target_batch_size=256)
+    catalog = Catalog.model_validate({
+        "schema_version": 1, "catalog_id": "test-catalog", "issued_at": now,
+        "expires_at": now + timedelta(days=1), "experiments": [exp]})
+    body = sign_catalog(catalog, key)
+    corpus_server.add("/catalog.json", body)
+    monkeypatch.setenv("DEDLOC_CATALOG_URL", f"{corpus_server.url}catalog.json")
+    monkeypatch.setenv("DEDLOC_TRUSTED_KEYS", str(keys))
+    return corpus_server

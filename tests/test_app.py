@@ -8,17 +8,13 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import tiny_experiment
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from dedloc_core.catalog import Catalog, generate_keypair, load_private_key, public_key_line, sign_catalog  # noqa: E402
-from dedloc_core.httpserve import FileServer  # noqa: E402
 from dedloc_core.protocol import Stats  # noqa: E402
 
 pytest.importorskip("PySide6")
@@ -60,27 +56,6 @@ def make_app(qtbot, home):
             app.tray.hide()
 
 
-@pytest.fixture
-def signed_catalog_server(tmp_path, corpus_server, monkeypatch):
-    """A real HTTP server with a catalog (of the tiny test experiment) signed by a test key that the
-    app trusts through DEDLOC_TRUSTED_KEYS; shards come from the corpus server next to it."""
-    pem, public = generate_keypair("test-pass", "test key")
-    key = load_private_key(pem, "test-pass")
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    (keys / "test.pub").write_text(public_key_line(key.public_key(), "test") + "\n")
-    now = datetime.now(UTC)
-    exp = tiny_experiment(target_batch_size=256)
-    catalog = Catalog.model_validate({
-        "schema_version": 1, "catalog_id": "test-catalog", "issued_at": now,
-        "expires_at": now + timedelta(days=1), "experiments": [exp]})
-    body = sign_catalog(catalog, key)
-    corpus_server.add("/catalog.json", body)
-    monkeypatch.setenv("DEDLOC_CATALOG_URL", f"{corpus_server.url}catalog.json")
-    monkeypatch.setenv("DEDLOC_TRUSTED_KEYS", str(keys))
-    return corpus_server
-
-
 def test_gui_process_never_imports_torch_or_hivemind(tmp_path):
     code = """
 import os, sys
@@ -99,13 +74,16 @@ end = time.time() + 3
 while time.time() < end:
     qapp.processEvents()
     time.sleep(0.02)
-print("heavy:" + ",".join(sorted(m for m in ("torch", "hivemind", "transformers", "numpy") if m in sys.modules)))
+heavy = ("torch", "hivemind", "transformers", "numpy", "cryptography")
+print("heavy:" + ",".join(sorted(m for m in heavy if m in sys.modules)))
 """
     env = {**os.environ, "DEDLOC_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     heavy = next(line for line in out.stdout.splitlines() if line.startswith("heavy:"))
     assert "torch" not in heavy and "hivemind" not in heavy, heavy
+    # Catalog signatures are checked in a child process: no cryptography in the tray either.
+    assert "cryptography" not in heavy, heavy
 
 
 def test_preferences_form_round_trip(make_app, home):

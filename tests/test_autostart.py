@@ -129,12 +129,13 @@ def test_exec_quoting_of_plain_and_empty_args():
 
 def test_frozen_build_re_runs_itself(monkeypatch):
     """In a PyInstaller build every child process is this executable again (one place decides)."""
-    from dedloc_core import workerproc
+    from dedloc_core import catalog_child, workerproc
 
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     monkeypatch.setattr(sys, "executable", "/opt/dedloc-volunteer/dedloc")
     assert workerproc.worker_command() == ["/opt/dedloc-volunteer/dedloc", "--worker"]
     assert workerproc.dedloc_command("backbone", "--x") == ["/opt/dedloc-volunteer/dedloc", "backbone", "--x"]
     assert autostart.launch_command() == ["/opt/dedloc-volunteer/dedloc", "app", "--hidden"]
+    assert catalog_child.command() == ["/opt/dedloc-volunteer/dedloc", "--catalog-child"]
     text = autostart.desktop_entry(autostart.launch_command(), autostart=True)
     assert "Exec=/opt/dedloc-volunteer/dedloc app --hidden\n" in text

@@ -6,6 +6,7 @@ Marked ``installer`` (deselected by default; ``make installer-test`` runs it, a 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -83,6 +84,10 @@ def test_cli_and_app_entry_points(built, tmp_path):
     assert out.returncode == 0 and "--hidden" in out.stdout, out.stderr[-2000:]
     out = run_exe("stats", home=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
+    out = run_exe("--catalog-child", home=tmp_path)  # how the frozen app checks the catalog
+    assert out.returncode == 0, out.stderr[-2000:]
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answer["source"] == "default" and answer["error"] is None and "tiny-lm-demo" in answer["catalog"]
 
 
 def test_no_arguments_starts_the_tray_app_without_torch(built, tmp_path):
@@ -101,6 +106,7 @@ def test_no_arguments_starts_the_tray_app_without_torch(built, tmp_path):
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "PySide6/Qt/lib/libQt6Widgets" in maps
         assert "libtorch_cpu" not in maps, "the GUI process loaded torch"
+        assert "catalog child failed" not in log.read_text()
         rss_mb = psutil.Process(proc.pid).memory_info().rss / 2**20
         print(f"frozen app, idle: {rss_mb:.0f} MB resident")
         proc.send_signal(signal.SIGTERM)

@@ -3,6 +3,7 @@ training steps (the installer test runs the same from the frozen bundle)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,3 +34,14 @@ def test_self_test_names_the_failing_step(tmp_path):
     assert out.returncode == 1
     # 0.5 s runs out while the worker starts (no hello yet) or while it joins: either is named.
     assert "Self-test failed at: worker" in out.stderr or "Timed out after 0.5 s" in out.stderr, out.stderr
+
+
+def test_cli_takes_the_frozen_builds_spellings(tmp_path):
+    """``dedloc --catalog-child`` (how the frozen app checks the catalog) answers one JSON line."""
+    env = {**os.environ, "DEDLOC_HOME": str(tmp_path)}
+    env.pop("DEDLOC_CATALOG_URL", None)
+    out = subprocess.run([sys.executable, "-m", "dedloc_core.cli", "--catalog-child"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answer["source"] == "default" and answer["error"] is None

@@ -161,6 +161,9 @@ class StatisticsPage(QWidget):
             self._build_charts()
             self._stale = True
         if self._stale:  # charts are redrawn only while they can be seen
+            if self.store is not None:  # and the totals with them, so both show the same moment
+                for key, totals in self.store.summary().items():
+                    self._fill_row(key, totals)
             self._update_charts()
             self._update_swarm()
 

@@ -1,0 +1,121 @@
+"""Limits the worker applies to itself: lowest scheduling priority, CPU threads, GPU on/off and
+memory cap, bandwidth caps, and a pause gate that stops training within a fraction of a second.
+
+The gate is checked between micro-batches and also *inside* them: forward pre-hooks on the
+model's modules and gradient hooks on its parameters call ``PauseGate.check()``, so a pause takes
+effect in the middle of a forward or backward pass instead of at its end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+import psutil
+
+from . import bandwidth
+from .protocol import Limits
+
+logger = logging.getLogger(__name__)
+
+NICE = 19
+
+
+def lower_priority(nice: int | None = None) -> None:
+    """Lowest CPU priority (nice 19 / IDLE_PRIORITY_CLASS) and idle I/O priority for this process
+    and everything it starts later (threads, hivemind's forks, p2pd)."""
+    nice = NICE if nice is None else nice
+    proc = psutil.Process()
+    try:
+        if sys.platform.startswith("win"):
+            proc.nice(psutil.IDLE_PRIORITY_CLASS)
+        elif nice > proc.nice():
+            proc.nice(nice)
+        if sys.platform.startswith("linux"):
+            proc.ionice(psutil.IOPRIO_CLASS_IDLE)
+    except (psutil.Error, OSError) as exc:
+        logger.warning("Could not lower the worker's priority: %s", exc)
+
+
+def merged(base: Limits, update: Limits) -> Limits:
+    """``base`` with the fields that ``update`` sets."""
+    return base.model_copy(update=update.model_dump(exclude_none=True))
+
+
+def apply_cpu_and_network(limits: Limits) -> None:
+    import torch
+
+    if limits.cpu_threads:
+        torch.set_num_threads(limits.cpu_threads)
+    bandwidth.set_caps(limits.upload_bps, limits.download_bps)
+
+
+def gpu_wanted(limits: Limits) -> bool:
+    import torch
+
+    return bool(limits.use_gpu) and torch.cuda.is_available()
+
+
+def apply_gpu_memory_cap(limits: Limits) -> None:
+    """Cap this process's CUDA allocator at ``gpu_memory_mb`` (0: no cap). No-op without CUDA."""
+    import torch
+
+    if limits.gpu_memory_mb is None or not torch.cuda.is_available():
+        return
+    total = torch.cuda.get_device_properties(0).total_memory
+    fraction = 1.0 if limits.gpu_memory_mb == 0 else min(1.0, limits.gpu_memory_mb * 2**20 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+
+
+def bandwidth_hint(limits: Limits) -> float | None:
+    """What to tell hivemind's load balancer: the tighter cap (bytes/s), or None (no cap)."""
+    caps = [c for c in (limits.upload_bps, limits.download_bps) if c]
+    return float(min(caps)) if caps else None
+
+
+class PauseGate:
+    """Blocks the training thread while ``should_hold()`` is true. ``hold`` runs the waiting (it
+    reports the pause, waits, reports the resume); ``check`` is cheap when not paused."""
+
+    def __init__(self, should_hold: Callable[[], bool], hold: Callable[[], None]):
+        self.should_hold, self.hold = should_hold, hold
+        self._holding = threading.Lock()
+        self._handles: list = []
+        self.holds = 0  # how many times a hook stopped training (for tests)
+
+    def check(self) -> None:
+        """Hold here while paused. Runs on the training thread or an autograd thread (backward)."""
+        if self.should_hold() and self._holding.acquire(blocking=False):
+            try:
+                self.holds += 1
+                self.hold()
+            finally:
+                self._holding.release()
+
+    def attach(self, model) -> None:
+        """Check the gate before every module's forward and at every parameter's gradient."""
+        for module in model.modules():
+            self._handles.append(module.register_forward_pre_hook(lambda _m, _args: self.check()))
+        for param in model.parameters():
+            if param.requires_grad:
+                self._handles.append(param.register_hook(self._grad_hook))
+
+    def _grad_hook(self, grad):
+        self.check()
+        return None
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def worker_nice() -> int:
+    """The worker's nice value: 19, or ``DEDLOC_WORKER_NICE`` (tests on a shared machine)."""
+    try:
+        return int(os.environ.get("DEDLOC_WORKER_NICE", NICE))
+    except ValueError:
+        return NICE

@@ -1,0 +1,98 @@
+"""Real desktop pieces for tests: Xvfb on a free display (optionally with a window manager and a tray
+host, openbox + trayer, so QSystemTrayIcon.isSystemTrayAvailable() is True), a private D-Bus
+session bus, and a skip helper for tools that may be missing (installed by .ci/run)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def need(*tools: str) -> None:
+    """Skip the test unless every tool is on PATH."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (apt-get install: see .ci/run)")
+
+
+def _free_display() -> int:
+    for n in range(90, 200):
+        if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists():
+            return n
+    raise RuntimeError("no free X display number")
+
+
+@contextlib.contextmanager
+def xvfb(size: str = "1280x800x24", *, tray: bool = False) -> Iterator[str]:
+    """Start Xvfb on a free display (with ``tray``: openbox and trayer too); yield ``:N`` once it
+    answers; stop them all after."""
+    need("Xvfb", "xdpyinfo", *(("openbox", "trayer", "xdotool") if tray else ()))
+    for _attempt in range(3):
+        display = f":{_free_display()}"
+        proc = subprocess.Popen(["Xvfb", display, "-screen", "0", size, "-nolisten", "tcp"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and proc.poll() is None:
+            ok = subprocess.run(["xdpyinfo", "-display", display], capture_output=True).returncode == 0
+            if ok:
+                break
+            time.sleep(0.1)
+        if proc.poll() is None:
+            break  # raced for the display number with another Xvfb otherwise: try the next
+    else:
+        raise RuntimeError("Xvfb did not start")
+    procs = [proc]
+    try:
+        if tray:
+            env = {**os.environ, "DISPLAY": display}
+            quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+            procs.append(subprocess.Popen(["openbox"], **quiet))
+            procs.append(subprocess.Popen(["trayer", "--edge", "top", "--align", "right", "--widthtype",
+                                           "request", "--height", "24", "--transparent", "false"], **quiet))
+            deadline = time.monotonic() + 60
+            while not _tray_shown(env):  # trayer maps its window once it owns the tray selection
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the tray host (trayer) did not come up")
+                time.sleep(0.2)
+        yield display
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _tray_shown(env: dict[str, str]) -> bool:
+    out = subprocess.run(["xdotool", "search", "--class", "trayer"], env=env, capture_output=True, text=True)
+    return bool(out.stdout.strip())
+
+
+def xdotool(display: str, *args: str) -> None:
+    subprocess.run(["xdotool", *args], env={**os.environ, "DISPLAY": display}, check=True, timeout=10)
+
+
+@contextlib.contextmanager
+def dbus_session() -> Iterator[str]:
+    """A private ``dbus-daemon --session``; yields its address."""
+    need("dbus-daemon")
+    proc = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip()
+        if not address:
+            raise RuntimeError("dbus-daemon printed no address")
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(5)

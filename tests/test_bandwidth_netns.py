@@ -1,0 +1,106 @@
+"""Bandwidth caps on the wire: three real workers train together, each in its own network
+namespace. Once the swarm runs, one peer gets upload and download caps (``set_limits``); its own
+veth then shows at most cap x 1.15 bytes per second sent and received over 30 s. After the caps
+are lifted (``set_limits`` with 0) the same peer goes above them, so the test can fail.
+
+The caps come after joining because a capped newcomer first downloads the whole state (about
+10 MB here: 40 s at the cap), longer than the test should take."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from importlib import resources
+from pathlib import Path
+
+import netns_mini
+import pytest
+from conftest import tiny_experiment
+
+from dedloc_core.protocol import Limits, SetLimits, Start
+from dedloc_core.workerproc import WorkerProcess
+
+CAP = 250_000  # bytes per second, each way
+WINDOW = 30.0
+TOLERANCE = 1.15
+MANIFEST = json.loads(resources.files("resources").joinpath("corpus", "manifest.json").read_text())
+
+
+def experiment() -> dict:
+    # about 0.45M parameters (0.9 MB in fp16): averaging moves a few MB per round. hivemind waits
+    # matchmaking_time for a peer's next chunk before dropping it from a round; a capped peer needs
+    # more than the default 2 s, or rounds break and the data already sent is wasted on the wire
+    return tiny_experiment(
+        id="netns-cap-test", run_id=f"netns_cap_{os.getpid()}",
+        recipe_params={"d_model": 128, "n_layers": 2, "n_heads": 4, "seq_len": 64, "lr": 0.001,
+                       "warmup_steps": 0},
+        target_batch_size=48, batch_size_per_step=8, matchmaking_time=5.0, averaging_timeout=60.0,
+    )
+
+
+def prefill_cache(home: Path) -> None:
+    """Put the corpus shards in the worker's cache (verified there), so it needs no HTTP server."""
+    cache = home / "cache" / "shards"
+    cache.mkdir(parents=True, exist_ok=True)
+    with resources.as_file(resources.files("resources").joinpath("corpus")) as corpus:
+        for shard in MANIFEST["shards"][:2]:
+            shutil.copy(Path(corpus) / shard["name"], cache / shard["sha256"])
+
+
+def rate(lab: netns_mini.Lab, peer: int, seconds: float) -> tuple[float, float]:
+    """(sent, received) bytes per second on peer ``peer``'s own veth over ``seconds``."""
+    tx0, rx0 = lab.counters(peer)
+    began = time.monotonic()
+    time.sleep(seconds)
+    tx1, rx1 = lab.counters(peer)
+    elapsed = time.monotonic() - began
+    return (tx1 - tx0) / elapsed, (rx1 - rx0) / elapsed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_capped_peer_stays_under_its_caps_on_the_wire(tmp_path):
+    why = netns_mini.available()
+    if why:
+        pytest.skip(why)
+    workers: list[WorkerProcess] = []
+    with netns_mini.Lab(3) as lab:
+        try:
+            peers: list[str] = []
+            for i in range(3):
+                home = tmp_path / f"peer{i}"
+                prefill_cache(home)
+                env = {**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_LOG_LEVEL": "INFO",
+                       "DEDLOC_WORKER_NICE": "0"}  # a shared test machine: do not starve the swarm
+                worker = WorkerProcess(env=env, stderr=open(home / "worker.log", "w"),  # noqa: SIM115
+                                       command_prefix=lab.prefix(i))
+                worker.start()
+                workers.append(worker)
+                worker.send(Start(
+                    experiment=experiment(), initial_peers=peers, data_base_url="http://127.0.0.1:9/",
+                    identity_path=str(home / "identity.key"), host_maddrs=[f"/ip4/{lab.addresses[i]}/tcp/0"],
+                    seed=i, progress_period=1.0,
+                    limits=Limits(cpu_threads=1),
+                ))
+                state = worker.wait_for(lambda e: e.type == "state" and e.state == "training", 240)
+                assert state is not None, f"peer {i} did not start; see {home / 'worker.log'}"
+                if not peers:
+                    peers = list(state.maddrs)
+            for worker in workers:
+                assert worker.wait_for(lambda e: e.type == "progress" and e.num_peers >= 3, 120), "no 3-peer swarm"
+            workers[2].send(SetLimits(limits=Limits(upload_bps=CAP, download_bps=CAP)))
+            time.sleep(5)
+            capped_tx, capped_rx = rate(lab, 2, WINDOW)
+            workers[2].send(SetLimits(limits=Limits(upload_bps=0, download_bps=0)))
+            time.sleep(5)
+            free_tx, free_rx = rate(lab, 2, WINDOW)
+        finally:
+            for worker in workers:
+                worker.stop(timeout=20)
+    print(f"cap {CAP / 1000:.0f} kB/s: capped sent {capped_tx / 1000:.1f} kB/s, received {capped_rx / 1000:.1f} kB/s;"
+          f" uncapped sent {free_tx / 1000:.1f} kB/s, received {free_rx / 1000:.1f} kB/s")
+    assert capped_tx <= CAP * TOLERANCE and capped_rx <= CAP * TOLERANCE
+    assert max(free_tx, free_rx) > CAP * TOLERANCE, "without the cap the peer should exceed it"
+    assert min(capped_tx, capped_rx) > CAP * 0.2, "the capped peer should still take part"

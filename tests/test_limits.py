@@ -1,0 +1,60 @@
+"""The worker-side limits without a swarm: the pause gate stops a forward and a backward pass in
+the middle, and the helpers that turn Limits into settings."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from dedloc_core import bandwidth, limits
+from dedloc_core.protocol import Limits
+
+
+def test_gate_holds_inside_forward_and_backward():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    paused = threading.Event()
+    where: list[str] = []
+
+    def hold():
+        where.append("hold")
+        paused.clear()  # the user came back and left again: resume
+
+    gate = limits.PauseGate(paused.is_set, hold)
+    gate.attach(model)
+    original = model[2].forward
+
+    def second_layer(x):
+        where.append("layer 2")
+        return original(x)
+
+    model[2].forward = second_layer
+    model[0].register_forward_hook(lambda *_: paused.set())  # pause arrives after the first layer
+    loss = model(torch.ones(2, 4)).sum()
+    assert where[:2] == ["hold", "layer 2"]  # held before the second layer ran
+    holds = gate.holds
+    paused.set()
+    loss.backward()  # the gradient hooks hold during backward
+    assert gate.holds > holds and not paused.is_set()
+    gate.detach()
+    paused.set()
+    model(torch.ones(2, 4))
+    assert gate.holds == holds + 1
+
+
+def test_limits_helpers():
+    base = Limits(cpu_threads=2, upload_bps=1000, use_gpu=True)
+    merged = limits.merged(base, Limits(upload_bps=0, gpu_memory_mb=512))
+    assert merged == Limits(cpu_threads=2, upload_bps=0, use_gpu=True, gpu_memory_mb=512)
+    assert limits.bandwidth_hint(Limits(upload_bps=250_000, download_bps=500_000)) == 250_000.0
+    assert limits.bandwidth_hint(Limits(upload_bps=0)) is None
+    assert limits.gpu_wanted(Limits(use_gpu=False)) is False
+    threads = torch.get_num_threads()
+    try:
+        limits.apply_cpu_and_network(Limits(cpu_threads=1, upload_bps=123_000, download_bps=0))
+        assert torch.get_num_threads() == 1
+        assert bandwidth.caps() == (123_000, 0)
+    finally:
+        torch.set_num_threads(threads)
+        bandwidth.set_caps(0, 0)
+    limits.apply_gpu_memory_cap(Limits(gpu_memory_mb=256))  # no CUDA here: a no-op, not an error
