@@ -20,7 +20,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest tests
 
+# The Linux packages (dist/dedloc/dedloc, the .deb and the .tar.gz); see installers/README.md.
+bundle: $(STAMP)
+	PYTHON=$(VENV)/bin/python bash installers/build_linux.sh
+
+# Builds the packages once and checks them (bundle self-test, .deb contents, launcher); a few minutes.
+installer-test: $(STAMP)
+	$(VENV)/bin/python -m pytest -m installer -s tests/test_installer.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dedloc_core app tests bench
 
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint bundle installer-test

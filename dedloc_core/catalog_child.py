@@ -25,7 +25,9 @@ TIMEOUT = 60.0
 
 def command() -> list[str]:
     if getattr(sys, "frozen", False):
-        return [sys.executable, "--catalog-child"]
+        from .workerproc import dedloc_command  # the frozen executable re-run (dedloc_core.cli routes it)
+
+        return dedloc_command("--catalog-child")
     return [sys.executable, "-m", "dedloc_core.catalog_child"]
 
 

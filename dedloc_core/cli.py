@@ -13,6 +13,8 @@ _DELEGATED = {
     "worker": "dedloc_core.worker",
     "backbone": "dedloc_core.backbone",
     "app": "app.main",
+    "self-test": "dedloc_core.selftest",
+    "catalog-child": "dedloc_core.catalog_child",
 }
 
 
@@ -20,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--worker":  # how a frozen build re-runs itself as the worker
         argv[0] = "worker"
+    if argv and argv[0] in ("--self-test", "--catalog-child"):  # the frozen build's spellings
+        argv[0] = argv[0][2:]
     if argv and argv[0] in _DELEGATED:
         import importlib
 
@@ -35,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="a backbone and volunteers training together on this machine")
     sub.add_parser("worker", help="the training worker process (driven by the app over stdin)")
     sub.add_parser("backbone", help="the organizer's headless node")
+    sub.add_parser("self-test", help="check this installation: hardware, a DHT on 127.0.0.1, a few training steps")
     sub.add_parser("stats", help="this computer's contribution totals (today, this week, all time)")
     catalog_cli.register(sub)
     args = parser.parse_args(argv)

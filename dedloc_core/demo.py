@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import DedlocError
 from .protocol import Error, Limits, Progress, Start, State
-from .workerproc import WorkerProcess
+from .workerproc import WorkerProcess, dedloc_command
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -101,8 +101,8 @@ class Demo:
         ready_file = self.root / "backbone" / "ready.json"
         log = open(self.root / "backbone.log", "w")  # noqa: SIM115 - closed with the process
         self.backbone = subprocess.Popen(
-            [sys.executable, "-m", "dedloc_core.backbone", "--experiment", self.args.experiment,
-             "--run-dir", str(self.root / "backbone"), "--ready-file", str(ready_file)],
+            dedloc_command("backbone", "--experiment", self.args.experiment,
+                           "--run-dir", str(self.root / "backbone"), "--ready-file", str(ready_file)),
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             env={**os.environ, "DEDLOC_HOME": str(self.root / "backbone-home")},
         )

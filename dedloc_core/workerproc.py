@@ -34,10 +34,18 @@ class StopResult(enum.Enum):
     NOT_RUNNING = "not running"
 
 
+def dedloc_command(*args: str) -> list[str]:
+    """The command line of ``dedloc ARGS`` in a new process: this frozen executable re-run, or this
+    interpreter with ``-m dedloc_core.cli``. Every child process of ours is started through here."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, *args]
+    return [sys.executable, "-m", "dedloc_core.cli", *args]
+
+
 def worker_command() -> list[str]:
     """How to start a worker: this interpreter, or this frozen executable re-run with --worker."""
     if getattr(sys, "frozen", False):
-        return [sys.executable, "--worker"]
+        return dedloc_command("--worker")
     return [sys.executable, "-m", "dedloc_core.worker"]
 
 
