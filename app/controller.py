@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from dedloc_core import catalog_child, hardware, idle, joining, prefs, secrets
+from dedloc_core import autostart, catalog_child, hardware, idle, joining, prefs, secrets
 from dedloc_core.catalog import Experiment, LoadResult
 from dedloc_core.contributor import Contributor, Pause, ReleaseWorker, Resume, SetLimits, StartWorker
 from dedloc_core.idle import NullIdle
@@ -105,6 +105,8 @@ class Controller(QObject):
         policy, the catalog (then rejoin)."""
         if self.prefs_problem:
             self.note("WARNING", self.prefs_problem)
+        if self.prefs.start_at_login:
+            self.sync_autostart()  # the entry may have been removed by hand or by another install
         if detect_idle:
             self.bridge.run(lambda: (idle.detect(), gpu_probe()), self._on_probes,
                             lambda exc: self.note("ERROR", f"Idle detection failed: {exc}"))
@@ -141,11 +143,28 @@ class Controller(QObject):
     # ---- preferences ---------------------------------------------------------------------------
 
     def save_prefs(self, new: Preferences) -> None:
-        self.prefs = self.contributor.prefs = new
+        old, self.prefs = self.prefs, new
+        self.contributor.prefs = new
         self.prefs_changed.emit(new)
         self.bridge.run(lambda: prefs.save(new, self.prefs_path), None,
                         lambda exc: self.note("ERROR", f"Could not save preferences: {exc}"))
+        if new.start_at_login != old.start_at_login:
+            self.sync_autostart()
         self.tick()
+
+    def sync_autostart(self) -> None:
+        """Make the system's start-at-login entry (XDG autostart, LaunchAgent, Run key) match the
+        preference; a failure is shown, the preference stays."""
+        on = self.prefs.start_at_login
+
+        def work() -> str:
+            entry = autostart.for_platform()
+            if entry.enabled() != on:
+                entry.set(on)
+            return str(entry.where)
+
+        self.bridge.run(work, lambda where: self.note("INFO", f"Start at login {'on' if on else 'off'} ({where})"),
+                        lambda exc: self.note("ERROR", f"Start at login: {exc}"))
 
     def store_token(self, experiment_id: str, token: str) -> None:
         self.bridge.run(lambda: secrets.set_token(experiment_id, token),

@@ -25,6 +25,7 @@ pytest.importorskip("pytestqt")
 def home(tmp_path, monkeypatch):
     """A fresh per-user home for the app (config, data, logs)."""
     monkeypatch.setenv("DEDLOC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))  # start-at-login entries
     for name in ("DEDLOC_CATALOG_URL", "DEDLOC_TRUSTED_KEYS", "DEDLOC_INITIAL_PEERS"):
         monkeypatch.delenv(name, raising=False)
     home = tmp_path / "home"
@@ -95,7 +96,7 @@ print("heavy:" + ",".join(sorted(m for m in heavy if m in sys.modules)))
     assert "cryptography" not in heavy, heavy
 
 
-def test_preferences_form_round_trip(make_app, home):
+def test_preferences_form_round_trip(make_app, home, qtbot):
     app = make_app()
     page = app.window.show_page("Contribution")
     page.widgets["idle_minutes"].setValue(7.5)
@@ -111,6 +112,18 @@ def test_preferences_form_round_trip(make_app, home):
     saved = json.loads(path.read_text())
     assert saved["idle_minutes"] == 7.5 and saved["upload_cap_kbs"] == 300 and saved["idle_only"] is False
     assert saved["schedule"][0]["days"] == [0, 1, 2, 3, 4] and saved["download_cap_kbs"] is None
+    # Start at login: the XDG autostart entry appears, and goes when switched off again.
+    entry = home.parent / "xdg-config" / "autostart"
+    page.widgets["start_at_login"].setChecked(True)
+    assert page.save()
+    qtbot.waitUntil(lambda: any(entry.glob("*.desktop")), timeout=5000)
+    desktop = next(entry.glob("*.desktop")).read_text()
+    assert "app --hidden" in desktop or "app\" --hidden" in desktop, desktop
+    page.widgets["start_at_login"].setChecked(False)
+    assert page.save()
+    qtbot.waitUntil(lambda: not any(entry.glob("*.desktop")), timeout=5000)
+    qtbot.waitUntil(lambda: json.loads(path.read_text())["start_at_login"] is False, timeout=5000)
+    saved = json.loads(path.read_text())
     # A bad value is refused with a message, and nothing changes on disk.
     page.widgets["schedule"].setText("Someday 10:00-11:00")
     assert not page.save()
