@@ -336,6 +336,9 @@ class Controller(QObject):
         if ws.state == "training":
             sps = self.last_progress.samples_per_second if self.last_progress else 0.0
             text = f"Training {self.joined.recipe} · {sps:.0f} samples/s"
+            p = self.last_progress
+            if p is not None and p.mode == "diloco" and p.next_sync_in is not None:
+                text += " · DiLoCo, " + ("syncing" if p.next_sync_in <= 0 else f"next sync in {p.next_sync_in:.0f} s")
             if decision.reason.startswith("Contributing ("):  # e.g. "you are using the computer: 25% CPU"
                 text += " · " + decision.reason[len("Contributing ("):-1]
             return Status("training", text)

@@ -116,22 +116,26 @@ def reap_leftovers():
             pass
 
 
-@pytest.fixture
-def signed_catalog_server(tmp_path, corpus_server, monkeypatch):
-    """A real HTTP server with a catalog (of the tiny test experiment) signed by a test key that the
-    app trusts through DEDLOC_TRUSTED_KEYS; shards come from the corpus server next to it."""
+def serve_signed_catalog(server: FileServer, tmp_path: Path, monkeypatch, experiments: list[dict]) -> FileServer:
+    """Serve a catalog of ``experiments`` on ``server``, signed by a fresh test key that the app
+    trusts through DEDLOC_TRUSTED_KEYS; DEDLOC_CATALOG_URL points at it."""
     pem, public = generate_keypair("test-pass", "test key")
     key = load_private_key(pem, "test-pass")
     keys = tmp_path / "keys"
-    keys.mkdir()
+    keys.mkdir(exist_ok=True)
     (keys / "test.pub").write_text(public_key_line(key.public_key(), "test") + "\n")
     now = datetime.now(UTC)
-    exp = tiny_experiment(target_batch_size=256)
     catalog = Catalog.model_validate({
         "schema_version": 1, "catalog_id": "test-catalog", "issued_at": now,
-        "expires_at": now + timedelta(days=1), "experiments": [exp]})
-    body = sign_catalog(catalog, key)
-    corpus_server.add("/catalog.json", body)
-    monkeypatch.setenv("DEDLOC_CATALOG_URL", f"{corpus_server.url}catalog.json")
+        "expires_at": now + timedelta(days=1), "experiments": experiments})
+    server.add("/catalog.json", sign_catalog(catalog, key))
+    monkeypatch.setenv("DEDLOC_CATALOG_URL", f"{server.url}catalog.json")
     monkeypatch.setenv("DEDLOC_TRUSTED_KEYS", str(keys))
-    return corpus_server
+    return server
+
+
+@pytest.fixture
+def signed_catalog_server(tmp_path, corpus_server, monkeypatch):
+    """A real HTTP server with a catalog (of the tiny test experiment) signed by a test key that the
+    app trusts; shards come from the corpus server next to it."""
+    return serve_signed_catalog(corpus_server, tmp_path, monkeypatch, [tiny_experiment(target_batch_size=256)])

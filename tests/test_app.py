@@ -315,3 +315,20 @@ def _run_away_and_return(app, qtbot, display: str) -> None:
     took = time.monotonic() - returned
     assert app.controller.status.text == "Paused: you are using the computer"
     assert took < 2.0, f"the worker paused {took:.2f} s after the user came back"
+
+
+@pytest.mark.timeout(400)
+def test_diloco_mode_and_the_next_sync_are_shown(make_app, qtbot, tmp_path, corpus_server, monkeypatch):
+    """A real worker alone in a DiLoCo experiment: the tray says the mode and the time to the next
+    sync, the Experiments page the mode and the outer round."""
+    from conftest import serve_signed_catalog, tiny_experiment
+
+    exp = tiny_experiment(id="tiny-diloco", title="Tiny DiLoCo", run_id="tiny_diloco_app", mode="diloco",
+                          diloco={"inner_steps": 20, "outer_lr": 0.7, "outer_momentum": 0.9, "compression": "fp16"})
+    serve_signed_catalog(corpus_server, tmp_path, monkeypatch, [exp])
+    app = make_app()
+    page = app.window.show_page("Experiments")
+    assert app.controller.join("tiny-diloco")
+    qtbot.waitUntil(lambda: "DiLoCo, next sync in" in app.controller.status.text, timeout=240000)
+    assert "Mode:</b> DiLoCo (syncs every 20 local steps, fp16 deltas)" in page.details.text()
+    qtbot.waitUntil(lambda: "outer round" in page.details.text(), timeout=10000)

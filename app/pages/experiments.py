@@ -119,7 +119,7 @@ class ExperimentsPage(QWidget):
         rows = [
             f"<h2>{escape(exp.title)}</h2>",
             f"<p><b>Organizer:</b> {escape(exp.organizer)} &nbsp; <b>Status:</b> {escape(exp.status)}"
-            f" &nbsp; <b>Recipe:</b> {escape(exp.recipe)}</p>",
+            f" &nbsp; <b>Recipe:</b> {escape(exp.recipe)} &nbsp; <b>Mode:</b> {escape(mode_name(exp))}</p>",
             f"<p>{escape(exp.description)}</p>",
             f"<p><b>Needs:</b> {escape(needs)}<br>{escape(fit)}</p>",
         ]
@@ -130,10 +130,14 @@ class ExperimentsPage(QWidget):
             p = self.controller.last_progress
             if p is not None:
                 loss = f"{p.loss:.3f}" if p.loss is not None else "–"
+                if p.mode == "diloco":
+                    round_text = f"outer round {p.global_step}, {sync_text(p)}"
+                else:
+                    round_text = (f"global step {p.global_step}; this round "
+                                  f"{p.samples_accumulated}/{p.target_batch_size} samples")
                 rows.append(
-                    f"<p><b>Swarm:</b> global step {p.global_step}, {p.num_peers} peers, "
-                    f"{p.swarm_samples_per_second:.0f} samples/s, loss {loss}; "
-                    f"this round {p.samples_accumulated}/{p.target_batch_size} samples</p>")
+                    f"<p><b>Swarm:</b> {p.num_peers} peers, {p.swarm_samples_per_second:.0f} samples/s, "
+                    f"loss {loss}; {escape(round_text)}</p>")
         return "".join(rows)
 
     def _on_progress(self, _: Progress) -> None:
@@ -160,3 +164,20 @@ class ExperimentsPage(QWidget):
         if not self.controller.prefs.consent:
             self.controller.save_prefs(self.controller.prefs.model_copy(update={"consent": True}))
         self.controller.join(exp.id)
+
+
+def mode_name(exp: Experiment) -> str:
+    if exp.mode == "diloco":
+        d = exp.diloco
+        return f"DiLoCo (syncs every {d.inner_steps} local steps, {d.compression} deltas)"
+    return "synchronous (DeDLOC: averages gradients every step)"
+
+
+def sync_text(p: Progress) -> str:
+    """DiLoCo's time to the next outer sync, for people."""
+    if p.next_sync_in is None:
+        return "next sync: unknown"
+    if p.next_sync_in <= 0:
+        return "syncing now"
+    return f"next sync in {p.next_sync_in:.0f} s"
+
