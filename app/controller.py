@@ -8,6 +8,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 
@@ -237,6 +238,12 @@ class Controller(QObject):
     def snooze(self, seconds: float = 3600, gpu_only: bool = False) -> None:
         self.contributor.snooze(seconds, gpu_only=gpu_only)
         self.tick()
+
+    def held_by_user(self) -> bool:
+        """Paused or snoozed by the user (what Resume undoes)."""
+        c, now = self.contributor, datetime.now()
+        return c.user_paused or any(until is not None and now < until
+                                    for until in (c.snoozed_until, c.gpu_snoozed_until))
 
     def _own_pids(self) -> list[int]:
         """This app and its worker's process tree: their CPU is not "other programs'"."""

@@ -37,7 +37,7 @@ class Tray(QSystemTrayIcon):
         self.setToolTip(f"DeDLOC Volunteer — {status.text}")
         self.status_action.setText(status.text)
         joined = self.controller.joined is not None
-        held = status.state in ("paused", "snoozed")
+        held = self.controller.held_by_user()  # a pause by the policy (you are here) has no Resume
         self.pause_action.setVisible(joined and not held)
         self.resume_action.setVisible(joined and held)
         self.snooze_action.setEnabled(joined)

@@ -306,6 +306,8 @@ def _run_away_and_return(app, qtbot, display: str) -> None:
     assert app.controller.join("tiny-lm-test")
     qtbot.waitUntil(lambda: app.controller.status.text == "Paused: you are using the computer", timeout=5000)
     assert app.supervisor.worker is None, "a worker started while the user was present"
+    # The policy paused, not the user: the tray offers Pause, and Resume would undo nothing.
+    assert app.tray.pause_action.isVisible() and not app.tray.resume_action.isVisible()
 
     qtbot.waitUntil(lambda: app.controller.status.state == "training" and app.controller.last_progress,
                     timeout=240000)
