@@ -10,6 +10,13 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    (``p2p/p2p_daemon.py``, ``create_subprocess_exec``) without tying their lifetime to ours; after
    a SIGKILL they linger forever. We set ``PR_SET_PDEATHSIG`` = SIGKILL in every forked child and in
    ``p2pd``, so a killed worker takes its whole tree with it.
+3. ``p2pd flags``: ``P2P.create`` (``p2p/p2p_daemon.py``, the ``_make_process_args`` call) offers no
+   switch for p2pd's relay service, which serves strangers by default (``-relayService``, up to
+   4 GiB and 30 min a circuit); only ``use_relay=False`` turns it off, and that also stops this peer
+   from using relays. We append p2pd's own flags from ``set_p2pd_options``: by default
+   ``-relayService=0`` (a volunteer never relays for others); the backbone opts in with
+   ``set_p2pd_options(relayService=True)``. A peer behind NAT that names its relay in
+   ``trusted_relays`` also sets ``relayDiscovery=False`` (with few public peers discovery finds none).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 _installed = False
 _counters: Any = None  # shared RawArray('Q', 2): [sent, received]
 _PR_SET_PDEATHSIG = 1
+_p2pd_flags: dict[str, Any] = {"relayService": False}  # patch 3; inherited by forked DHT processes
 
 
 def _set_pdeathsig() -> None:
@@ -57,6 +65,7 @@ def install() -> None:
     os.register_at_fork(after_in_child=_set_pdeathsig)
     _patch_traffic()
     _patch_p2pd_spawn()
+    _patch_p2pd_flags()
 
 
 def _patch_traffic() -> None:
@@ -125,3 +134,28 @@ def _patch_p2pd_spawn() -> None:
             return getattr(real_asyncio, name)
 
     p2p_daemon.asyncio = _AsyncioProxy()  # type: ignore[assignment]
+
+
+def set_p2pd_options(**flags: Any) -> None:
+    """Extra p2pd flags for daemons started from now on (patch 3), e.g. ``relayService=True``.
+    ``None`` removes a flag. Set before creating the DHT: its process is forked and inherits them."""
+    for key, value in flags.items():
+        if value is None:
+            _p2pd_flags.pop(key, None)
+        else:
+            _p2pd_flags[key] = value
+
+
+def p2pd_options() -> dict[str, Any]:
+    return dict(_p2pd_flags)
+
+
+def _patch_p2pd_flags() -> None:
+    from hivemind.p2p.p2p_daemon import P2P
+
+    make_args = P2P._make_process_args
+
+    def _make_process_args(*args: Any, **kwargs: Any) -> list[str]:
+        return make_args(*args, **{**kwargs, **_p2pd_flags})
+
+    P2P._make_process_args = staticmethod(_make_process_args)  # type: ignore[method-assign]

@@ -92,6 +92,7 @@ class State(_Message):
     reason: str = ""
     peer_id: str | None = None
     maddrs: list[str] = []
+    reachability: str | None = None  # "direct", "via relay" or "outbound only" once joined
 
 
 class Progress(_Message):
@@ -107,6 +108,7 @@ class Progress(_Message):
     bytes_sent: int
     bytes_received: int
     param_digest: list[float] = []
+    reachability: str | None = None  # "direct", "via relay" or "outbound only"
 
 
 class Stats(_Message):

@@ -49,6 +49,11 @@ class SwarmConfig:
     # how often a peer publishes its progress while accumulating (seconds); hivemind publishes after
     # every micro-batch (a signed DHT store each time); a new epoch is still published at once
     progress_report_period: float = 1.0
+    # how to be reachable (see reachability.join): "auto" asks the backbone to dial back and falls
+    # back to its relay, then to client mode; or force "direct", "relay" or "outbound"
+    reachability: str = "auto"
+    # serve as a libp2p circuit relay for other peers: the backbone only (hivemind_patches patch 3)
+    relay_service: bool = False
 
 
 _process_prepared = False
@@ -89,15 +94,20 @@ def trim_heap() -> None:
 
 
 def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
-    return hivemind.DHT(
-        initial_peers=cfg.initial_peers,
-        host_maddrs=cfg.host_maddrs,
-        announce_maddrs=cfg.announce_maddrs or None,
-        identity_path=cfg.identity_path,
-        client_mode=cfg.client_mode,
-        start=True,
-        **extra,
-    )
+    """A started DHT; ``extra`` goes to hivemind (and its P2P), e.g. ``client_mode``, ``use_auto_relay``."""
+    hivemind_patches.set_p2pd_options(relayService=cfg.relay_service)
+    opts = dict(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
+                announce_maddrs=cfg.announce_maddrs or None, identity_path=cfg.identity_path,
+                client_mode=cfg.client_mode)
+    opts.update(extra)
+    return hivemind.DHT(start=True, **opts)
+
+
+def join_swarm(cfg: SwarmConfig) -> tuple[hivemind.DHT, str]:
+    """Start the DHT as reachable as this network allows: (dht, "direct" | "via relay" | "outbound only")."""
+    from . import reachability
+
+    return reachability.join(cfg, start_dht)
 
 
 def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module, recipe) -> hivemind.Optimizer:

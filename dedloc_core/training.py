@@ -79,17 +79,21 @@ class Session:
             averaging_timeout=exp.averaging_timeout,
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
-        self.dht = swarm.start_dht(cfg)
+        self.dht, self.reachability = swarm.join_swarm(cfg)
+        logger.info("Reachability: %s", self.reachability)
         self.public_key = metrics.add_validators(self.dht, exp.run_id)
         self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
         self.param_digest = swarm.param_digest
         self.peer_id = str(self.dht.peer_id)
         self.maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
         logger.info("Joined run %s as %s", exp.run_id, self.peer_id)
+        self._watchdog = Watchdog(self.dht, cfg.initial_peers)
         return self
 
     def __exit__(self, *exc) -> None:
         self._state("stopping", "Leaving the swarm")
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.stop()
         for obj in (self.optimizer, self.dht):
             if obj is not None:
                 try:
@@ -116,7 +120,8 @@ class Session:
 
     def _state(self, state: str, reason: str) -> None:
         peer_id = getattr(self, "peer_id", None)
-        self.channel.send(State(state=state, reason=reason, peer_id=peer_id, maddrs=getattr(self, "maddrs", [])))
+        self.channel.send(State(state=state, reason=reason, peer_id=peer_id, maddrs=getattr(self, "maddrs", []),
+                                reachability=getattr(self, "reachability", None)))
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -182,6 +187,7 @@ class Session:
                 bytes_sent=sent,
                 bytes_received=received,
                 param_digest=self._current_digest(),
+                reachability=self.reachability,
             )
         )
         self.channel.send(
@@ -226,6 +232,40 @@ class Session:
                 display_name=self.start.display_name,
             ),
         )
+
+
+class Watchdog:
+    """Pings the initial peers (the backbone) every ``period`` seconds from a thread. After the link
+    was down, the first ping that gets through puts the backbone back in the routing table, and
+    through it the swarm: hivemind's Optimizer then sees it is behind and loads the current state."""
+
+    def __init__(self, dht, initial_peers: list[str], period: float = 5.0):
+        import threading
+
+        from . import reachability
+
+        self.dht, self.peers, self.period = dht, list(initial_peers), period
+        self.ping = reachability.ping_initial_peers
+        self.lost_since: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        if self.peers:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            answered = self.ping(self.dht, self.peers)
+            if not answered and self.lost_since is None:
+                self.lost_since = time.monotonic()
+                logger.warning("Lost contact with the swarm's initial peers")
+            elif answered and self.lost_since is not None:
+                logger.warning("Back in touch with the swarm after %.0f s", time.monotonic() - self.lost_since)
+                self.lost_since = None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
 
 
 def kill_children(timeout: float = 3.0) -> None:
