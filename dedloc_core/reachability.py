@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from multiaddr import Multiaddr
+from hivemind.utils.multiaddr import Multiaddr
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,8 @@ def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 20.0) -> tuple[
     # not reachable: a reservation on the backbone's relay, else outbound only
     hivemind_patches.set_p2pd_options(relayDiscovery=False)
     try:
-        dht = start_dht(cfg, use_relay=True, use_auto_relay=True, trusted_relays=cfg.initial_peers)
+        dht = start_dht(cfg, use_relay=True, use_auto_relay=True, trusted_relays=cfg.initial_peers,
+                        check_if_identity_free=False)  # hivemind's check starts a p2pd that rejects autorelay
     finally:
         hivemind_patches.set_p2pd_options(relayDiscovery=None)
     deadline = time.monotonic() + relay_wait
@@ -170,7 +171,7 @@ def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 20.0) -> tuple[
         time.sleep(0.5)
     logger.warning("No relay address after %.0f s; joining outbound only (client mode)", relay_wait)
     dht.shutdown()
-    return start_dht(cfg, client_mode=True), OUTBOUND_ONLY
+    return start_dht(cfg, client_mode=True, check_if_identity_free=False), OUTBOUND_ONLY
 
 
 # ---- finding the way back -------------------------------------------------------------------------

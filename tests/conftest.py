@@ -106,3 +106,16 @@ def reap_leftovers():
             proc.send_signal(signal.SIGKILL)
         except psutil.Error:
             pass
+
+
+@pytest.fixture
+def netlab():
+    """A network lab (tests/netlab): namespaces, NAT, shaping; torn down after the test.
+    Skips where it cannot run (not root, no ip/iptables/tc)."""
+    from netlab import Lab, lab_unavailable_reason
+
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with Lab() as lab:
+        yield lab
