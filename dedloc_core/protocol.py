@@ -52,6 +52,9 @@ class Start(_Message):
     limits: Limits = Limits()
     start_paused: bool = False
     display_name: str = Field("", max_length=64)  # shown on the swarm's leaderboard ("" = short peer id)
+    bandwidth: float | None = Field(None, gt=0)  # declared Mbit/s for DeDLOC's load balancing (a hint)
+    grad_compression: Literal["none", "fp16", "8bit"] | None = None  # None: fp16
+    reachability: Literal["auto", "direct", "relay", "outbound"] = "auto"
 
 
 class Pause(_Message):
@@ -121,6 +124,7 @@ class Stats(_Message):
     bytes_sent: int
     bytes_received: int
     paused_seconds: float
+    averaging_seconds: float = 0.0  # time spent in gradient averaging rounds
     device: Literal["cpu", "gpu"] = "cpu"  # where compute_seconds since the last stats event were spent
 
 

@@ -161,6 +161,7 @@ def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 20.0) -> tuple[
     hivemind_patches.set_p2pd_options(relayDiscovery=False)
     try:
         dht = start_dht(cfg, use_relay=True, use_auto_relay=True, trusted_relays=cfg.initial_peers,
+                        force_reachability="private",  # do not wait for AutoNAT to find out
                         check_if_identity_free=False)  # hivemind's check starts a p2pd that rejects autorelay
     finally:
         hivemind_patches.set_p2pd_options(relayDiscovery=None)

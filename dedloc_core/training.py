@@ -77,6 +77,9 @@ class Session:
             client_mode=self.start.client_mode,
             matchmaking_time=exp.matchmaking_time,
             averaging_timeout=exp.averaging_timeout,
+            bandwidth=self.start.bandwidth,
+            grad_compression=self.start.grad_compression or "fp16",
+            reachability=self.start.reachability,
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
         self.dht, self.reachability = swarm.join_swarm(cfg)
@@ -198,6 +201,7 @@ class Session:
                 bytes_sent=sent,
                 bytes_received=received,
                 paused_seconds=self.paused_seconds,
+                averaging_seconds=opt.averaging_seconds,
                 device="gpu" if self._on_gpu() else "cpu",
             )
         )
