@@ -86,3 +86,32 @@ def test_cut_link_recovers(netlab, tmp_path):
     rounds_before = home.rounds
     wait_until(peers, lambda: home.rounds > rounds_before and abs(home.step - pub.step) <= 1, 240,
                "the NATed volunteer did not recover after the link came back")
+
+
+def test_volunteer_refuses_to_relay_backbone_relays(netlab):
+    """A NATed peer asks a public volunteer, then the backbone, for a relay reservation: the
+    volunteer's p2pd runs with -relayService=0 (hivemind_patches patch 3) and refuses."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = str(Path(__file__).parent / "netlab" / "p2pnode.py")
+    env_cwd = dict(cwd=str(Path(__file__).parents[1]), env={**__import__("os").environ,
+                   "PYTHONPATH": str(Path(__file__).parents[1])})
+    addrs = {}
+    for name, relay in (("bb", "1"), ("vol", "0")):
+        host = netlab.public(name)
+        proc = netlab.popen(host, [sys.executable, script, "serve", host.ip, "4001", relay],
+                            stdout=subprocess.PIPE, text=True, **env_cwd)
+        addrs[name] = proc.stdout.readline().strip()
+        assert "/p2p/" in addrs[name], f"{name} did not start"
+    home = netlab.home("h1")
+
+    def reserve(via: str) -> str:
+        proc = netlab.popen(home, [sys.executable, script, "reserve", addrs[via], "20"],
+                            stdout=subprocess.PIPE, text=True, **env_cwd)
+        out, _ = proc.communicate(timeout=90)
+        return out.strip().splitlines()[-1] if out.strip() else ""
+
+    assert reserve("vol") == "none", "a volunteer relayed for a stranger"
+    assert reserve("bb") == "circuit", "the backbone did not relay"
