@@ -10,13 +10,16 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    (``p2p/p2p_daemon.py``, ``create_subprocess_exec``) without tying their lifetime to ours; after
    a SIGKILL they linger forever. We set ``PR_SET_PDEATHSIG`` = SIGKILL in every forked child and in
    ``p2pd``, so a killed worker takes its whole tree with it.
-3. ``p2pd flags``: ``P2P.create`` (``p2p/p2p_daemon.py``, the ``_make_process_args`` call) offers no
-   switch for p2pd's relay service, which serves strangers by default (``-relayService``, up to
-   4 GiB and 30 min a circuit); only ``use_relay=False`` turns it off, and that also stops this peer
-   from using relays. We append p2pd's own flags from ``set_p2pd_options``: by default
-   ``-relayService=0`` (a volunteer never relays for others); the backbone opts in with
-   ``set_p2pd_options(relayService=True)``. A peer behind NAT that names its relay in
-   ``trusted_relays`` also sets ``relayDiscovery=False`` (with few public peers discovery finds none).
+3. ``no relay for strangers``: p2pd offers a circuit relay (v2) to anyone by default. Its
+   ``-relayService``/``-relayMax*`` flags do not stop that: p2pd's ``main.go`` calls
+   ``d.EnableRelayV2()`` (``relay.New(host)`` with default limits) whenever ``-relay=1``, and
+   ``P2P.create`` (``p2p/p2p_daemon.py``) offers only ``use_relay=False``, which also stops this
+   peer from using relays. So after ``P2P.create`` we register our own handler for the relay's hop
+   protocol (``/libp2p/circuit/relay/0.2.0/hop``); the daemon then routes those streams to us instead
+   of its relay, and we close them: no reservations, no circuits. The backbone opts in with
+   ``set_relay_service(True)``. The same patch appends extra p2pd flags from ``set_p2pd_options``
+   (a NATed peer that names its relay sets ``relayDiscovery=False``; with few public peers,
+   discovery finds none).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from typing import Any
 _installed = False
 _counters: Any = None  # shared RawArray('Q', 2): [sent, received]
 _PR_SET_PDEATHSIG = 1
-_p2pd_flags: dict[str, Any] = {"relayService": False}  # patch 3; inherited by forked DHT processes
+RELAY_HOP = "/libp2p/circuit/relay/0.2.0/hop"
+_relay_service = False  # patch 3; module state is inherited by the forked DHT processes
+_p2pd_flags: dict[str, Any] = {}
 
 
 def _set_pdeathsig() -> None:
@@ -136,8 +141,18 @@ def _patch_p2pd_spawn() -> None:
     p2p_daemon.asyncio = _AsyncioProxy()  # type: ignore[assignment]
 
 
+def set_relay_service(enabled: bool) -> None:
+    """Whether P2P daemons started from now on relay for other peers (patch 3; the backbone only)."""
+    global _relay_service
+    _relay_service = enabled
+
+
+def relay_service() -> bool:
+    return _relay_service
+
+
 def set_p2pd_options(**flags: Any) -> None:
-    """Extra p2pd flags for daemons started from now on (patch 3), e.g. ``relayService=True``.
+    """Extra p2pd flags for daemons started from now on (patch 3), e.g. ``relayDiscovery=False``.
     ``None`` removes a flag. Set before creating the DHT: its process is forked and inherits them."""
     for key, value in flags.items():
         if value is None:
@@ -150,6 +165,10 @@ def p2pd_options() -> dict[str, Any]:
     return dict(_p2pd_flags)
 
 
+async def _refuse(_info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
+
+
 def _patch_p2pd_flags() -> None:
     from hivemind.p2p.p2p_daemon import P2P
 
@@ -159,3 +178,13 @@ def _patch_p2pd_flags() -> None:
         return make_args(*args, **{**kwargs, **_p2pd_flags})
 
     P2P._make_process_args = staticmethod(_make_process_args)  # type: ignore[method-assign]
+
+    create = P2P.create.__func__  # type: ignore[attr-defined]
+
+    async def create_without_relay_service(cls, *args: Any, **kwargs: Any) -> P2P:
+        p2p = await create(cls, *args, **kwargs)
+        if not _relay_service:
+            await p2p.add_binary_stream_handler(RELAY_HOP, _refuse)
+        return p2p
+
+    P2P.create = classmethod(create_without_relay_service)  # type: ignore[method-assign,assignment]

@@ -96,7 +96,7 @@ def trim_heap() -> None:
 
 def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
     """A started DHT; ``extra`` goes to hivemind (and its P2P), e.g. ``client_mode``, ``use_auto_relay``."""
-    hivemind_patches.set_p2pd_options(relayService=cfg.relay_service)
+    hivemind_patches.set_relay_service(cfg.relay_service)
     opts = dict(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                 announce_maddrs=cfg.announce_maddrs or None, identity_path=cfg.identity_path,
                 client_mode=cfg.client_mode)
