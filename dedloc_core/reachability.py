@@ -68,7 +68,7 @@ async def _can_connect(maddr: str) -> bool:
         return False
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(*host_port), DIAL_TIMEOUT)
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         return False
     writer.close()
     return True
@@ -204,6 +204,6 @@ class _Ping:
         pings = [node.protocol.call_ping(PeerID.from_base58(p)) for p in self.peer_ids]
         try:
             results = await asyncio.wait_for(asyncio.gather(*pings, return_exceptions=True), self.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return 0
         return sum(1 for r in results if r is not None and not isinstance(r, BaseException))

@@ -29,7 +29,8 @@ def swarm(netlab, tmp_path, homes: int):
     return backbone, pub, nated
 
 
-LISTEN = "import socket,time;s=socket.socket();s.bind(('0.0.0.0',7000));s.listen();print('ready',flush=True);time.sleep(60)"
+LISTEN = ("import socket,time;s=socket.socket();s.bind(('0.0.0.0',7000));s.listen();"
+          "print('ready',flush=True);time.sleep(60)")
 
 
 def test_lab_nat_blocks_inbound(netlab):
@@ -104,13 +105,15 @@ def test_volunteer_refuses_to_relay_backbone_relays(netlab):
 
     def relay_and_client(mode: str) -> str:
         relay, home = netlab.public(f"relay-{mode}"), netlab.home(f"home-{mode}")
-        addr = netlab.popen(relay, [sys.executable, script, "serve", relay.ip, "4001", mode], **opts).stdout.readline()
+        server = netlab.popen(relay, [sys.executable, script, "serve", relay.ip, "4001", mode], **opts)
+        addr = server.stdout.readline()
         assert "/p2p/" in addr, f"the {mode} did not start"
-        return netlab.popen(home, [sys.executable, script, "reserve", addr.strip(), "20"], **opts).stdout.readline().strip()
+        client = netlab.popen(home, [sys.executable, script, "reserve", addr.strip(), "20"], **opts)
+        return client.stdout.readline().strip()
 
     assert relay_and_client("volunteer") == "none", "a volunteer accepted a relay reservation from a stranger"
     circuit = relay_and_client("backbone")
     assert "/p2p-circuit/" in circuit, "the backbone did not accept a reservation"
     dial = subprocess.run(netlab.launcher(dialer) + [sys.executable, script, "dial", circuit], timeout=120, **{
         k: v for k, v in opts.items() if k != "stdout"}, capture_output=True)
-    assert dial.stdout.strip().endswith("connected"), f"nobody reached the NATed peer through the backbone: {dial.stderr[-500:]}"
+    assert dial.stdout.strip().endswith("connected"), f"nobody reached the NATed peer: {dial.stderr[-500:]}"

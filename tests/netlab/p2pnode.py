@@ -22,6 +22,7 @@ async def serve(ip: str, port: str, mode: str) -> None:
 
     hivemind_patches.set_relay_service(mode != "volunteer")
     p2p = await P2P.create(host_maddrs=[f"/ip4/{ip}/tcp/{port}"], identity_path=_identity())
+    _forget()
     print([str(m) for m in await p2p.get_visible_maddrs()][0], flush=True)
     await asyncio.sleep(3600)
 
@@ -33,6 +34,7 @@ async def reserve(relay: str, seconds: str) -> None:
     p2p = await P2P.create(initial_peers=[relay], host_maddrs=["/ip4/0.0.0.0/tcp/0"], use_relay=True,
                            use_auto_relay=True, trusted_relays=[relay], force_reachability="private",
                            identity_path=_identity())
+    _forget()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + float(seconds)
     relay_id = relay.rsplit("/p2p/", 1)[1]
@@ -53,9 +55,11 @@ async def dial(maddr: str) -> None:
     try:
         p2p = await P2P.create(initial_peers=[maddr], host_maddrs=["/ip4/0.0.0.0/tcp/0"], identity_path=_identity())
     except Exception as exc:  # noqa: BLE001 - p2pd refuses to start when the bootstrap fails
+        _forget()
         print("failed", exc, file=sys.stderr, flush=True)
         print("failed", flush=True)
         return
+    _forget()
     for _ in range(30):
         if any(str(info.peer_id) == target for info in await p2p.list_peers()):
             print("connected", flush=True)
@@ -68,16 +72,21 @@ async def dial(maddr: str) -> None:
 
 def _identity() -> str:
     """A fresh RSA identity file (what our peers use; hivemind's multiaddr codec cannot encode the
-    ed25519 peer ids p2pd makes by default inside a circuit address). Removed a minute later, long
-    after p2pd has read it."""
-    import shutil
-    import threading
-
+    ed25519 peer ids p2pd makes by default inside a circuit address). Removed by ``_forget``."""
     folder = tempfile.mkdtemp(prefix="p2pnode-")
-    timer = threading.Timer(60, shutil.rmtree, (folder, True))
-    timer.daemon = True
-    timer.start()
+    _made.append(folder)
     return os.path.join(folder, "identity.key")
+
+
+_made: list[str] = []
+
+
+def _forget() -> None:
+    """Remove the identity files once the daemon has read them."""
+    import shutil
+
+    while _made:
+        shutil.rmtree(_made.pop(), ignore_errors=True)
 
 
 if __name__ == "__main__":
