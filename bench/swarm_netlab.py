@@ -10,8 +10,9 @@ balancing fed with each volunteer's declared bandwidth, (c) that plus fp16 or 8-
 
 How the figures are measured, over the window between the first and the last global step:
 - swarm samples/s: the samples all volunteers computed (their ``stats`` events) / wall time;
-- solo samples/s: each volunteer's samples / its compute seconds (forward, backward and optimizer
-  calls, what it would do alone), summed over volunteers, in the same run;
+- solo samples/s: each volunteer's samples / its compute seconds (its training loop's time minus
+  the time it spent in averaging rounds: what it would do alone), summed over volunteers, in the
+  same run;
 - utilization: swarm / solo;
 - round s: mean time a volunteer spent per averaging round (``Stats.averaging_seconds`` /
   ``Stats.rounds`` deltas; includes matchmaking);
@@ -89,7 +90,7 @@ def snapshot(lab: Lab, peers: list[Peer]) -> dict:
     if any(s is None for s in stats):
         raise RuntimeError("a volunteer sent no stats")
     return {"time": time.monotonic(), "samples": sum(s.samples for s in stats),
-            "per_peer": [(s.samples, s.compute_seconds) for s in stats],
+            "per_peer": [(s.samples, s.compute_seconds - s.averaging_seconds) for s in stats],
             "rounds": sum(s.rounds for s in stats), "avg_s": sum(s.averaging_seconds for s in stats),
             "tx": sum(lab.counters(p.host)[0] for p in peers)}
 
