@@ -16,7 +16,9 @@ How the figures are measured, over the window between the first and the last glo
 - utilization: swarm / solo;
 - round s: mean time a volunteer spent per averaging round (``Stats.averaging_seconds`` /
   ``Stats.rounds`` deltas; includes matchmaking);
-- bytes/sample: bytes sent on the volunteers' own interfaces (headers included) / samples.
+- bytes/sample: bytes sent on the volunteers' own interfaces (headers included) / samples;
+- failed msgs: "Averaging step failed" messages in the volunteers' logs over the whole run (a
+  failed round falls back to local gradients).
 On a 2-core machine the volunteers share the CPU, so solo rates are those of a loaded machine.
 A mode that fails (e.g. 8-bit codecs under NumPy 2 without the fix) is printed as ``invalid``.
 """
@@ -73,6 +75,10 @@ def run_mode(name: str, opts: dict, args, folder: Path) -> dict:
         end = snapshot(lab, peers)
         for p in peers:
             p.stop()
+        logs = "".join(p.log_tail(10**8) for p in peers)
+        if "only 0-dimensional arrays" in logs:
+            raise RuntimeError("the codec failed to decode (hivemind's 8-bit codecs under NumPy 2)")
+        failed = logs.count("Averaging step failed") + logs.count("AllreduceException")
     samples = end["samples"] - base["samples"]
     wall = end["time"] - base["time"]
     solo = sum((e[0] - b[0]) / max(e[1] - b[1], 1e-9) for b, e in zip(base["per_peer"], end["per_peer"], strict=True))
@@ -80,7 +86,7 @@ def run_mode(name: str, opts: dict, args, folder: Path) -> dict:
     swarm_sps = samples / wall
     return {"swarm": swarm_sps, "solo": solo, "util": swarm_sps / solo if solo else 0.0,
             "round": (end["avg_s"] - base["avg_s"]) / rounds if rounds else float("nan"),
-            "bps": (end["tx"] - base["tx"]) / max(samples, 1)}
+            "bps": (end["tx"] - base["tx"]) / max(samples, 1), "failed": failed}
 
 
 def snapshot(lab: Lab, peers: list[Peer]) -> dict:
@@ -114,14 +120,16 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # noqa: BLE001 - one failed mode is a row, not the end
                 results[name] = f"invalid ({str(exc).splitlines()[0][:70]})"
         print(f"# {name}: {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
-    print(f"{'mode':22} {'swarm sps':>10} {'solo sps':>10} {'util':>6} {'round s':>8} {'bytes/sample':>13}")
+    print(f"{'mode':22} {'swarm sps':>10} {'solo sps':>10} {'util':>6} {'round s':>8} {'bytes/sample':>13}"
+          f" {'failed msgs':>11}")
     best = 0.0
     for name, r in results.items():
         if isinstance(r, str):
             print(f"{name:22} {r}")
             continue
         best = max(best, r["util"])
-        print(f"{name:22} {r['swarm']:10.1f} {r['solo']:10.1f} {r['util']:6.2f} {r['round']:8.2f} {r['bps']:13.0f}")
+        print(f"{name:22} {r['swarm']:10.1f} {r['solo']:10.1f} {r['util']:6.2f} {r['round']:8.2f} {r['bps']:13.0f}"
+              f" {r['failed']:11d}")
     print(f"best utilization: {best:.2f}")
     return 0
 
