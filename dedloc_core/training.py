@@ -142,6 +142,8 @@ class Session:
                 continue
             if control.limits_changed.is_set():
                 self._apply_limits()
+            if self._watchdog.rejoined.is_set():
+                self._reload_state()
             began = time.perf_counter()
             batch = next(self.batches)
             loss = self.recipe.loss(self.model, batch)
@@ -157,6 +159,13 @@ class Session:
                 self._report()  # periodically, and at every new global step
                 next_report = time.monotonic() + self.start.progress_period
         self._report()
+
+    def _reload_state(self) -> None:
+        """Back after the link was down: our parameters took local steps meanwhile; take the swarm's."""
+        self._watchdog.rejoined.clear()
+        before = self.optimizer.local_epoch
+        self.optimizer.load_state_from_peers()
+        logger.warning("Rejoined the swarm: loaded its state (local step %d -> %d)", before, self.optimizer.local_epoch)
 
     def _pause(self) -> None:
         reason = self.control.pause_reason or "Paused"
@@ -241,7 +250,8 @@ class Session:
 class Watchdog:
     """Pings the initial peers (the backbone) every ``period`` seconds from a thread. After the link
     was down, the first ping that gets through puts the backbone back in the routing table, and
-    through it the swarm: hivemind's Optimizer then sees it is behind and loads the current state."""
+    through it the swarm; ``rejoined`` tells the training loop to load the swarm's current state
+    (it took steps with local gradients while alone)."""
 
     def __init__(self, dht, initial_peers: list[str], period: float = 5.0):
         import threading
@@ -251,6 +261,7 @@ class Watchdog:
         self.dht, self.peers, self.period = dht, list(initial_peers), period
         self.ping = reachability.ping_initial_peers
         self.lost_since: float | None = None
+        self.rejoined = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
         if self.peers:
@@ -265,6 +276,7 @@ class Watchdog:
             elif answered and self.lost_since is not None:
                 logger.warning("Back in touch with the swarm after %.0f s", time.monotonic() - self.lost_since)
                 self.lost_since = None
+                self.rejoined.set()
 
     def stop(self) -> None:
         self._stop.set()

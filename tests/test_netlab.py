@@ -88,6 +88,8 @@ def test_cut_link_recovers(netlab, tmp_path):
     rounds_before = home.rounds
     wait_until(peers, lambda: home.rounds > rounds_before and abs(home.step - pub.step) <= 1, 240,
                "the NATed volunteer did not recover after the link came back")
+    log = home.log_tail(10**7)
+    assert "Lost contact with the swarm" in log and "Rejoined the swarm: loaded its state" in log
 
 
 def test_volunteer_refuses_to_relay_backbone_relays(netlab):
