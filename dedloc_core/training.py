@@ -268,10 +268,12 @@ class Watchdog:
             self._thread.start()
 
     def _run(self) -> None:
+        misses = 0
         while not self._stop.wait(self.period):
             answered = self.ping(self.dht, self.peers)
-            if not answered and self.lost_since is None:
-                self.lost_since = time.monotonic()
+            misses = 0 if answered else misses + 1
+            if misses == 2 and self.lost_since is None:  # one slow ping on a busy machine is no loss
+                self.lost_since = time.monotonic() - self.period
                 logger.warning("Lost contact with the swarm's initial peers")
             elif answered and self.lost_since is not None:
                 logger.warning("Back in touch with the swarm after %.0f s", time.monotonic() - self.lost_since)
