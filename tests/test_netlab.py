@@ -91,3 +91,32 @@ def test_cut_link_recovers(netlab, tmp_path):
     rounds_before = home.rounds
     wait_until(peers, lambda: home.rounds > rounds_before and abs(home.step - pub.step) <= 1, 240,
                "the NATed volunteer did not contribute again after rejoining")
+
+
+def test_volunteer_refuses_to_relay_backbone_relays(netlab):
+    """A NATed peer asks a public volunteer, then the backbone, to relay for it (real p2pd daemons).
+    The volunteer refuses (hivemind_patches patch 3); through the backbone a third peer reaches it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    script = str(root / "tests" / "netlab" / "p2pnode.py")
+    opts = dict(cwd=str(root), env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, text=True)
+    dialer = netlab.public("dialer")
+
+    def relay_and_client(mode: str) -> str:
+        relay, home = netlab.public(f"relay-{mode}"), netlab.home(f"home-{mode}")
+        server = netlab.popen(relay, [sys.executable, script, "serve", relay.ip, "4001", mode], **opts)
+        addr = server.stdout.readline()
+        assert "/p2p/" in addr, f"the {mode} did not start"
+        client = netlab.popen(home, [sys.executable, script, "reserve", addr.strip(), "20"], **opts)
+        return client.stdout.readline().strip()
+
+    assert relay_and_client("volunteer") == "none", "a volunteer accepted a relay reservation from a stranger"
+    circuit = relay_and_client("backbone")
+    assert "/p2p-circuit/" in circuit, "the backbone did not accept a reservation"
+    dial = subprocess.run(netlab.launcher(dialer) + [sys.executable, script, "dial", circuit], timeout=120, **{
+        k: v for k, v in opts.items() if k != "stdout"}, capture_output=True)
+    assert dial.stdout.strip().endswith("connected"), f"nobody reached the NATed peer: {dial.stderr[-500:]}"
