@@ -134,8 +134,12 @@ class Backbone:
             identity_path=str(self.run_dir / "identity.key"),
             matchmaking_time=exp.matchmaking_time,
             averaging_timeout=exp.averaging_timeout,
+            relay_service=True,  # the backbone relays for volunteers behind NAT; they do not
         )
         dht = swarm.start_dht(cfg)
+        from .reachability import serve_dialback
+
+        serve_dialback(dht)  # volunteers ask us whether we can reach them
         metrics.add_validators(dht, exp.run_id)
         opt = swarm.build_optimizer(dht, cfg, model, recipe)
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -24,6 +24,16 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    ``torch.quantize_per_tensor``, deprecated by torch 2.13; we compute the same uint8 indices
    (round half to even, clamped to 0..255) with plain tensor ops, so the bytes on the wire are the
    same as before.
+5. ``no relay for strangers``: p2pd offers a circuit relay (v2) to anyone by default. Its
+   ``-relayService``/``-relayMax*`` flags do not stop that: p2pd's ``main.go`` calls
+   ``d.EnableRelayV2()`` (``relay.New(host)`` with default limits) whenever ``-relay=1``, and
+   ``P2P.create`` (``p2p/p2p_daemon.py``) offers only ``use_relay=False``, which also stops this
+   peer from using relays. So after ``P2P.create`` we register our own handler for the relay's hop
+   protocol (``/libp2p/circuit/relay/0.2.0/hop``); the daemon then routes those streams to us instead
+   of its relay, and we close them: no reservations, no circuits. The backbone opts in with
+   ``set_relay_service(True)``. The same patch appends extra p2pd flags from ``set_p2pd_options``
+   (a NATed peer that names its relay sets ``relayDiscovery=False``; with few public peers,
+   discovery finds none).
 """
 
 from __future__ import annotations
@@ -39,6 +49,9 @@ from typing import Any
 _installed = False
 _counters: Any = None  # shared RawArray('Q', 2): [sent, received]
 _PR_SET_PDEATHSIG = 1
+RELAY_HOP = "/libp2p/circuit/relay/0.2.0/hop"
+_relay_service = False  # patch 3; module state is inherited by the forked DHT processes
+_p2pd_flags: dict[str, Any] = {}
 
 
 def _set_pdeathsig() -> None:
@@ -73,6 +86,7 @@ def install() -> None:
     _patch_traffic()
     _patch_p2pd_spawn()
     _patch_8bit_codecs()
+    _patch_p2pd_flags()
 
 
 def _patch_traffic() -> None:
@@ -247,3 +261,52 @@ def _patch_8bit_codecs() -> None:
     q.Quantization.extract = extract  # type: ignore[method-assign]
     q.BlockwiseQuantization.extract = blockwise_extract  # type: ignore[method-assign]
     q.Uniform8BitQuantization.quantize = uniform_quantize  # type: ignore[method-assign]
+
+
+def set_relay_service(enabled: bool) -> None:
+    """Whether P2P daemons started from now on relay for other peers (patch 3; the backbone only)."""
+    global _relay_service
+    _relay_service = enabled
+
+
+def relay_service() -> bool:
+    return _relay_service
+
+
+def set_p2pd_options(**flags: Any) -> None:
+    """Extra p2pd flags for daemons started from now on (patch 3), e.g. ``relayDiscovery=False``.
+    ``None`` removes a flag. Set before creating the DHT: its process is forked and inherits them."""
+    for key, value in flags.items():
+        if value is None:
+            _p2pd_flags.pop(key, None)
+        else:
+            _p2pd_flags[key] = value
+
+
+def p2pd_options() -> dict[str, Any]:
+    return dict(_p2pd_flags)
+
+
+async def _refuse(_info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
+
+
+def _patch_p2pd_flags() -> None:
+    from hivemind.p2p.p2p_daemon import P2P
+
+    make_args = P2P._make_process_args
+
+    def _make_process_args(*args: Any, **kwargs: Any) -> list[str]:
+        return make_args(*args, **{**kwargs, **_p2pd_flags})
+
+    P2P._make_process_args = staticmethod(_make_process_args)  # type: ignore[method-assign]
+
+    create = P2P.create.__func__  # type: ignore[attr-defined]
+
+    async def create_without_relay_service(cls, *args: Any, **kwargs: Any) -> P2P:
+        p2p = await create(cls, *args, **kwargs)
+        if not _relay_service:
+            await p2p.add_binary_stream_handler(RELAY_HOP, _refuse)
+        return p2p
+
+    P2P.create = classmethod(create_without_relay_service)  # type: ignore[method-assign,assignment]

@@ -54,6 +54,9 @@ class Start(_Message):
     limits: Limits = Limits()
     start_paused: bool = False
     display_name: str = Field("", max_length=64)  # shown on the swarm's leaderboard ("" = short peer id)
+    bandwidth: float | None = Field(None, gt=0)  # declared Mbit/s for DeDLOC's load balancing (a hint)
+    grad_compression: Literal["none", "fp16", "8bit"] | None = None  # None: fp16
+    reachability: Literal["auto", "direct", "relay", "outbound"] = "auto"
 
 
 class Pause(_Message):
@@ -94,6 +97,7 @@ class State(_Message):
     reason: str = ""
     peer_id: str | None = None
     maddrs: list[str] = []
+    reachability: str | None = None  # "direct", "via relay" or "outbound only" once joined
 
 
 class Progress(_Message):
@@ -111,6 +115,7 @@ class Progress(_Message):
     param_digest: list[float] = []
     mode: str | None = None  # the experiment's training mode, "sync" or "diloco"
     next_sync_in: float | None = None  # diloco: seconds to this peer's next outer sync (0 while one runs)
+    reachability: str | None = None  # "direct", "via relay" or "outbound only"
 
 
 class Stats(_Message):
@@ -123,6 +128,7 @@ class Stats(_Message):
     bytes_sent: int
     bytes_received: int
     paused_seconds: float
+    averaging_seconds: float = 0.0  # time spent in gradient averaging rounds
     device: Literal["cpu", "gpu"] = "cpu"  # where compute_seconds since the last stats event were spent
 
 

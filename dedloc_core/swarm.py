@@ -49,6 +49,12 @@ class SwarmConfig:
     # how often a peer publishes its progress while accumulating (seconds); hivemind publishes after
     # every micro-batch (a signed DHT store each time); a new epoch is still published at once
     progress_report_period: float = 1.0
+    # how to be reachable (see reachability.join): "auto" asks the backbone to dial back and falls
+    # back to its relay, then to client mode; or force "direct", "relay" or "outbound"
+    reachability: str = "auto"
+    # serve as a libp2p circuit relay for other peers: the backbone only (hivemind_patches patch 3)
+    relay_service: bool = False
+    grad_compression: str = "fp16"  # "none", "fp16" or "8bit" (hivemind's Uniform8BitQuantization)
 
 
 _process_prepared = False
@@ -89,15 +95,20 @@ def trim_heap() -> None:
 
 
 def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
-    return hivemind.DHT(
-        initial_peers=cfg.initial_peers,
-        host_maddrs=cfg.host_maddrs,
-        announce_maddrs=cfg.announce_maddrs or None,
-        identity_path=cfg.identity_path,
-        client_mode=cfg.client_mode,
-        start=True,
-        **extra,
-    )
+    """A started DHT; ``extra`` goes to hivemind (and its P2P), e.g. ``client_mode``, ``use_auto_relay``."""
+    hivemind_patches.set_relay_service(cfg.relay_service)
+    opts = dict(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
+                announce_maddrs=cfg.announce_maddrs or None, identity_path=cfg.identity_path,
+                client_mode=cfg.client_mode)
+    opts.update(extra)
+    return hivemind.DHT(start=True, **opts)
+
+
+def join_swarm(cfg: SwarmConfig) -> tuple[hivemind.DHT, str]:
+    """Start the DHT as reachable as this network allows: (dht, "direct" | "via relay" | "outbound only")."""
+    from . import reachability
+
+    return reachability.join(cfg, start_dht)
 
 
 def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module, recipe) -> hivemind.Optimizer:
@@ -119,7 +130,7 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
         averaging_timeout=cfg.averaging_timeout,
         load_state_timeout=cfg.load_state_timeout,
         client_mode=dht.client_mode,
-        grad_compression=Float16Compression(),
+        grad_compression=_compression(cfg.grad_compression),
         state_averaging_compression=Float16Compression(),
         grad_averager_factory=partial(GradientAverager, request_timeout=1.0, **grad_opts),
         averager_opts=averager_opts,
@@ -133,6 +144,12 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
     )
     trim_heap()
     return optimizer
+
+
+def _compression(name: str):
+    from hivemind.compression import NoCompression, Uniform8BitQuantization
+
+    return {"none": NoCompression, "fp16": Float16Compression, "8bit": Uniform8BitQuantization}[name]()
 
 
 class _PacedEvent(threading.Event):
@@ -193,6 +210,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
 
     rounds_joined = 0
     last_group_size = 0
+    averaging_seconds = 0.0
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ProgressTracker:
         return SwarmTracker(
@@ -206,7 +224,9 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         )
 
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control):
+        began = time.perf_counter()
         super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+        self.averaging_seconds += time.perf_counter() - began
         if maybe_step_control is not None and maybe_step_control.done():
             try:
                 group = maybe_step_control.result(0)

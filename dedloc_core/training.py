@@ -81,10 +81,13 @@ class Session:
             client_mode=self.start.client_mode,
             matchmaking_time=exp.matchmaking_time,
             averaging_timeout=exp.averaging_timeout,
-            bandwidth=limits.bandwidth_hint(self.limits),
+            bandwidth=self.start.bandwidth or limits.bandwidth_hint(self.limits),
+            grad_compression=self.start.grad_compression or "fp16",
+            reachability=self.start.reachability,
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
-        self.dht = swarm.start_dht(cfg)
+        self.dht, self.reachability = swarm.join_swarm(cfg)
+        logger.info("Reachability: %s", self.reachability)
         self.public_key = metrics.add_validators(self.dht, exp.run_id)
         if exp.mode == "diloco":
             from .diloco import DilocoOptimizer
@@ -103,10 +106,16 @@ class Session:
         self.peer_id = str(self.dht.peer_id)
         self.maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
         logger.info("Joined run %s as %s", exp.run_id, self.peer_id)
+        from .reachability import only_loopback
+
+        # on loopback no link goes down; elsewhere a watchdog finds the swarm again after an outage
+        self._watchdog = Watchdog(self.dht, [] if only_loopback(cfg.host_maddrs) else cfg.initial_peers)
         return self
 
     def __exit__(self, *exc) -> None:
         self._state("stopping", "Leaving the swarm")
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.stop()
         for obj in (self.optimizer, self.dht):
             if obj is not None:
                 try:
@@ -139,7 +148,8 @@ class Session:
 
     def _state(self, state: str, reason: str) -> None:
         peer_id = getattr(self, "peer_id", None)
-        self.channel.send(State(state=state, reason=reason, peer_id=peer_id, maddrs=getattr(self, "maddrs", [])))
+        self.channel.send(State(state=state, reason=reason, peer_id=peer_id, maddrs=getattr(self, "maddrs", []),
+                                reachability=getattr(self, "reachability", None)))
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -155,6 +165,8 @@ class Session:
                 self._pause()
                 next_report = time.monotonic()
                 continue
+            if self._watchdog.rejoined.is_set():
+                self._reload_state()
             began = time.perf_counter()
             batch = next(self.batches)
             loss = self.recipe.loss(self.model, batch)
@@ -170,6 +182,15 @@ class Session:
                 self._report()  # periodically, and at every new global step
                 next_report = time.monotonic() + self.start.progress_period
         self._report()
+
+    def _reload_state(self) -> None:
+        """Back after the link was down: our parameters took local steps meanwhile; take the swarm's."""
+        self._watchdog.rejoined.clear()
+        if self.experiment.mode == "diloco":
+            return  # DiLoCo reloads the outer state itself when its next sync finds it behind
+        before = self.optimizer.local_epoch
+        self.optimizer.load_state_from_peers()
+        logger.warning("Rejoined the swarm: loaded its state (local step %d -> %d)", before, self.optimizer.local_epoch)
 
     def _pause(self) -> None:
         if self.control.paused.is_set():
@@ -215,6 +236,7 @@ class Session:
                 param_digest=self._current_digest(),
                 mode=self.experiment.mode,
                 **swarm_fields,
+                reachability=self.reachability,
             )
         )
         self.channel.send(
@@ -225,6 +247,7 @@ class Session:
                 bytes_sent=sent,
                 bytes_received=received,
                 paused_seconds=self.paused_seconds,
+                averaging_seconds=opt.averaging_seconds,
                 device="gpu" if self._on_gpu() else "cpu",
             )
         )
@@ -259,6 +282,45 @@ class Session:
                 display_name=self.start.display_name,
             ),
         )
+
+
+class Watchdog:
+    """Pings the initial peers (the backbone) every ``period`` seconds from a thread. After the link
+    was down, the first ping that gets through puts the backbone back in the routing table, and
+    through it the swarm; ``rejoined`` tells the training loop to load the swarm's current state
+    (it took steps with local gradients while alone)."""
+
+    def __init__(self, dht, initial_peers: list[str], period: float = 5.0):
+        import threading
+
+        from . import reachability
+
+        self.dht, self.peers, self.period = dht, list(initial_peers), period
+        self.ping = reachability.ping_initial_peers
+        self.lost_since: float | None = None
+        self.rejoined = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        if self.peers:
+            self._thread.start()
+
+    def _run(self) -> None:
+        misses = 0
+        while not self._stop.wait(self.period):
+            answered = self.ping(self.dht, self.peers)
+            misses = 0 if answered else misses + 1
+            if misses == 2 and self.lost_since is None:  # one slow ping on a busy machine is no loss
+                self.lost_since = time.monotonic() - self.period
+                logger.warning("Lost contact with the swarm's initial peers")
+            elif answered and self.lost_since is not None:
+                logger.warning("Back in touch with the swarm after %.0f s", time.monotonic() - self.lost_since)
+                self.lost_since = None
+                self.rejoined.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
 
 
 def kill_children(timeout: float = 3.0) -> None:

@@ -59,13 +59,13 @@ class WorkerProcess:
         stderr: IO | int | None = None,
         on_event: Callable[[object], None] | None = None,
         extra_args: list[str] | None = None,
-        command_prefix: list[str] | None = None,
+        launcher: list[str] | None = None,
     ):
         self.env = env
         self.stderr = stderr
         self.on_event = on_event
         self.extra_args = extra_args or []
-        self.command_prefix = command_prefix or []  # e.g. ["ip", "netns", "exec", NS] (it must exec)
+        self.launcher = launcher or []  # a command prefix, e.g. ["ip", "netns", "exec", NS] (it must exec)
         self.events: queue.Queue = queue.Queue()
         self.proc: subprocess.Popen | None = None
         self.hello: Hello | None = None
@@ -83,7 +83,7 @@ class WorkerProcess:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
-            self.command_prefix + worker_command() + self.extra_args,
+            self.launcher + worker_command() + self.extra_args,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,

@@ -139,3 +139,16 @@ def signed_catalog_server(tmp_path, corpus_server, monkeypatch):
     """A real HTTP server with a catalog (of the tiny test experiment) signed by a test key that the
     app trusts; shards come from the corpus server next to it."""
     return serve_signed_catalog(corpus_server, tmp_path, monkeypatch, [tiny_experiment(target_batch_size=256)])
+
+
+@pytest.fixture
+def netlab():
+    """A network lab (tests/netlab): namespaces, NAT, shaping; torn down after the test.
+    Skips where it cannot run (not root, no ip/iptables/tc)."""
+    from netlab import Lab, lab_unavailable_reason
+
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with Lab() as lab:
+        yield lab

@@ -75,7 +75,7 @@ def test_capped_peer_stays_under_its_caps_on_the_wire(tmp_path):
                 env = {**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_LOG_LEVEL": "INFO",
                        "DEDLOC_WORKER_NICE": "0"}  # a shared test machine: do not starve the swarm
                 worker = WorkerProcess(env=env, stderr=open(home / "worker.log", "w"),  # noqa: SIM115
-                                       command_prefix=lab.prefix(i))
+                                       launcher=lab.prefix(i))
                 worker.start()
                 workers.append(worker)
                 worker.send(Start(

@@ -1,0 +1,209 @@
+"""Can other peers reach this one? Joining the swarm directly, through the backbone's relay, or
+outbound only, and finding the way back after the link went down.
+
+How it decides (``join``): the peer starts its DHT as usual, then asks a backbone (any initial peer
+that serves ``DIALBACK``) to dial back. The backbone opens a plain TCP connection to each address
+the peer listens on, from its own side of the network; the existing libp2p connection cannot
+answer that question, since it was opened by the peer. If one connection succeeds the peer is
+**direct**. Otherwise it restarts its DHT with the backbone as its circuit relay (hivemind's
+``use_relay``/``use_auto_relay`` with ``trusted_relays``) and waits for a ``/p2p-circuit``
+address: **via relay**. If none comes, it restarts in hivemind's client mode: **outbound only**;
+it still sends and receives gradients over the connections it opens itself.
+
+A peer whose addresses are all loopback (a local swarm, the tests on 127.0.0.1) is "direct" without
+asking. Volunteers never relay for others (``hivemind_patches`` patch 3); the backbone does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hivemind.utils.multiaddr import Multiaddr
+
+logger = logging.getLogger(__name__)
+
+DIRECT, VIA_RELAY, OUTBOUND_ONLY = "direct", "via relay", "outbound only"
+DIALBACK = "dedloc.dialback"
+DIAL_TIMEOUT = 3.0
+MAX_DIAL_ADDRS = 8
+
+
+# ---- the backbone's side -------------------------------------------------------------------------
+
+def serve_dialback(dht) -> None:
+    """Answer dial-back requests on ``dht``'s p2p (runs inside the DHT's process)."""
+    dht.run_coroutine(_add_dialback_handler)
+
+
+async def _add_dialback_handler(_dht, node) -> None:
+    from google.protobuf.wrappers_pb2 import StringValue
+
+    await node.p2p.add_protobuf_handler(DIALBACK, _dialback, StringValue)
+
+
+async def _dialback(request, context):
+    """Request: JSON list of the caller's multiaddrs. Reply: JSON list of those we could connect to.
+    Only TCP connects to at most ``MAX_DIAL_ADDRS`` addresses, no data sent."""
+    from google.protobuf.wrappers_pb2 import StringValue
+
+    try:
+        maddrs = [str(m) for m in json.loads(request.value)][:MAX_DIAL_ADDRS]
+    except (ValueError, TypeError):
+        maddrs = []
+    results = await asyncio.gather(*(_can_connect(m) for m in maddrs))
+    reached = [m for m, ok in zip(maddrs, results, strict=True) if ok]
+    logger.info("Dial-back to %s: %d of %d addresses reached", context.remote_id, len(reached), len(maddrs))
+    return StringValue(value=json.dumps(reached))
+
+
+async def _can_connect(maddr: str) -> bool:
+    host_port = _tcp_endpoint(maddr)
+    if host_port is None:
+        return False
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(*host_port), DIAL_TIMEOUT)
+    except (TimeoutError, OSError):
+        return False
+    writer.close()
+    return True
+
+
+def _tcp_endpoint(maddr: str) -> tuple[str, int] | None:
+    """(ip, port) of a ``/ip4|ip6/…/tcp/…`` address that is not loopback; None otherwise."""
+    try:
+        addr = Multiaddr(maddr)
+        protocols = {p.name for p in addr.protocols()}
+        if "p2p-circuit" in protocols or "tcp" not in protocols:
+            return None
+        ip = addr.value_for_protocol("ip4") if "ip4" in protocols else addr.value_for_protocol("ip6")
+        if ip is None or ipaddress.ip_address(ip).is_loopback or ipaddress.ip_address(ip).is_unspecified:
+            return None
+        return ip, int(addr.value_for_protocol("tcp"))
+    except Exception:  # noqa: BLE001 - any malformed address is simply not dialled
+        return None
+
+
+# ---- the volunteer's side ------------------------------------------------------------------------
+
+def ask_dialback(dht, helpers: list[str], timeout: float = 15.0) -> bool | None:
+    """Whether a helper (an initial peer serving DIALBACK) could connect to us; None if none answered."""
+    maddrs = [str(m) for m in dht.get_visible_maddrs()]
+    for helper in helpers:
+        try:
+            peer_id = Multiaddr(helper).value_for_protocol("p2p")
+        except Exception:  # noqa: BLE001
+            continue
+        try:
+            reached = dht.run_coroutine(_CallDialback(peer_id, maddrs, timeout))
+        except Exception as exc:  # noqa: BLE001 - an old backbone without the handler, or a timeout
+            logger.info("Dial-back via %s failed: %s", peer_id, exc)
+            continue
+        logger.info("Dial-back via %s reached %s", peer_id, reached or "nothing")
+        return bool(reached)
+    return None
+
+
+class _CallDialback:
+    """A picklable coroutine for ``DHT.run_coroutine`` (it runs in the DHT's process)."""
+
+    def __init__(self, peer_id: str, maddrs: list[str], timeout: float):
+        self.peer_id, self.maddrs, self.timeout = peer_id, maddrs, timeout
+
+    async def __call__(self, _dht, node) -> list[str]:
+        from google.protobuf.wrappers_pb2 import StringValue
+        from hivemind.p2p import PeerID
+
+        request = StringValue(value=json.dumps(self.maddrs))
+        call = node.p2p.call_protobuf_handler(PeerID.from_base58(self.peer_id), DIALBACK, request, StringValue)
+        response = await asyncio.wait_for(call, self.timeout)
+        return json.loads(response.value)
+
+
+def only_loopback(maddrs: list[str]) -> bool:
+    for maddr in maddrs:
+        try:
+            addr = Multiaddr(maddr)
+            protocols = {p.name for p in addr.protocols()}
+            ip = addr.value_for_protocol("ip4") if "ip4" in protocols else addr.value_for_protocol("ip6")
+            if not ipaddress.ip_address(ip).is_loopback:
+                return False
+        except Exception:  # noqa: BLE001
+            return False
+    return True
+
+
+def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 20.0) -> tuple[Any, str]:
+    """Start a DHT that others can use to reach us, as well as this network allows.
+
+    ``cfg`` is a ``swarm.SwarmConfig``; ``cfg.reachability`` "auto" decides by dial-back, or forces
+    "direct", "relay" or "outbound". Returns (dht, one of DIRECT, VIA_RELAY, OUTBOUND_ONLY)."""
+    from . import hivemind_patches
+
+    mode = cfg.reachability
+    if cfg.client_mode or mode == "outbound":
+        return start_dht(cfg, client_mode=True), OUTBOUND_ONLY
+    if mode == "auto":
+        if not cfg.initial_peers or only_loopback(cfg.host_maddrs):
+            return start_dht(cfg), DIRECT
+        dht = start_dht(cfg)
+        if ask_dialback(dht, cfg.initial_peers) is not False:
+            return dht, DIRECT
+        dht.shutdown()
+    elif mode == "direct":
+        return start_dht(cfg), DIRECT
+    # not reachable: a reservation on the backbone's relay, else outbound only
+    hivemind_patches.set_p2pd_options(relayDiscovery=False)
+    try:
+        dht = start_dht(cfg, use_relay=True, use_auto_relay=True, trusted_relays=cfg.initial_peers,
+                        force_reachability="private",  # do not wait for AutoNAT to find out
+                        check_if_identity_free=False)  # hivemind's check starts a p2pd that rejects autorelay
+    finally:
+        hivemind_patches.set_p2pd_options(relayDiscovery=None)
+    deadline = time.monotonic() + relay_wait
+    while time.monotonic() < deadline:
+        if any("p2p-circuit" in str(m) for m in dht.get_visible_maddrs()):
+            return dht, VIA_RELAY
+        time.sleep(0.5)
+    logger.warning("No relay address after %.0f s; joining outbound only (client mode)", relay_wait)
+    dht.shutdown()
+    return start_dht(cfg, client_mode=True, check_if_identity_free=False), OUTBOUND_ONLY
+
+
+# ---- finding the way back -------------------------------------------------------------------------
+
+def ping_initial_peers(dht, initial_peers: list[str], timeout: float = 5.0) -> int:
+    """Ping the initial peers; each that answers is (re)added to the routing table. A peer whose link
+    was down finds the swarm again this way. Returns how many answered."""
+    ids = []
+    for maddr in initial_peers:
+        try:
+            ids.append(Multiaddr(maddr).value_for_protocol("p2p"))
+        except Exception:  # noqa: BLE001
+            continue
+    if not ids:
+        return 0
+    try:
+        return dht.run_coroutine(_Ping(ids, timeout))
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+class _Ping:
+    def __init__(self, peer_ids: list[str], timeout: float):
+        self.peer_ids, self.timeout = peer_ids, timeout
+
+    async def __call__(self, _dht, node) -> int:
+        from hivemind.p2p import PeerID
+
+        pings = [node.protocol.call_ping(PeerID.from_base58(p)) for p in self.peer_ids]
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*pings, return_exceptions=True), self.timeout)
+        except TimeoutError:
+            return 0
+        return sum(1 for r in results if r is not None and not isinstance(r, BaseException))

@@ -1,0 +1,137 @@
+"""A real backbone (``dedloc backbone``) and real workers inside the lab's namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from dedloc_core.catalog import generate_keypair, load_private_key, sign_catalog
+from dedloc_core.protocol import Error, Limits, Progress, Start, State, Stats
+from dedloc_core.workerproc import WorkerProcess
+
+from .lab import Host, Lab
+
+BACKBONE_PORT, HTTP_PORT = 31337, 8080
+
+
+def signed_catalog(experiment: dict, folder: Path) -> tuple[Path, Path]:
+    """A catalog holding ``experiment``, signed by a fresh key: (catalog file, public key file)."""
+    pem, public_line = generate_keypair("netlab", "netlab test key")
+    now = datetime.now(UTC)
+    catalog = {"schema_version": 1, "catalog_id": "netlab", "issued_at": now.isoformat(),
+               "expires_at": (now + timedelta(days=1)).isoformat(), "experiments": [experiment]}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "catalog.json").write_bytes(sign_catalog(json.dumps(catalog), load_private_key(pem, "netlab")))
+    (folder / "netlab.pub").write_text(public_line + "\n")
+    return folder / "catalog.json", folder / "netlab.pub"
+
+
+class Backbone:
+    """``dedloc backbone`` in ``host``'s namespace, listening on its public address."""
+
+    def __init__(self, lab: Lab, host: Host, experiment: dict, folder: Path):
+        catalog, key = signed_catalog(experiment, folder / "catalog")
+        self.ready_file = folder / "backbone" / "ready.json"
+        self.log = folder / "backbone.log"
+        self.proc = lab.popen(host, [
+            sys.executable, "-m", "dedloc_core.backbone", "--experiment", experiment["id"],
+            "--catalog", str(catalog), "--trusted-key", str(key), "--run-dir", str(folder / "backbone"),
+            "--ready-file", str(self.ready_file), "--listen", f"/ip4/{host.ip}/tcp/{BACKBONE_PORT}",
+            "--http-host", host.ip, "--http-port", str(HTTP_PORT), "--poll", "2"],
+            stdin=subprocess.DEVNULL, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+            env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home")})
+
+    def wait_ready(self, timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the backbone exited:\n{self.log.read_text()[-3000:]}")
+            if self.ready_file.exists():
+                self.ready = json.loads(self.ready_file.read_text())
+                return self.ready
+            time.sleep(0.3)
+        raise RuntimeError(f"the backbone did not come up:\n{self.log.read_text()[-3000:]}")
+
+
+class Peer:
+    """A worker in ``host``'s namespace and what it has said so far."""
+
+    def __init__(self, lab: Lab, host: Host, home: Path):
+        home.mkdir(parents=True, exist_ok=True)
+        self.host, self.home = host, home
+        self.worker = WorkerProcess(
+            env={**os.environ, "DEDLOC_HOME": str(home),
+                 "DEDLOC_LOG_LEVEL": os.environ.get("DEDLOC_TEST_LOG_LEVEL", "INFO")},
+            stderr=(home / "worker.log").open("w"), launcher=lab.launcher(host))
+        self.progress: list[Progress] = []
+        self.states: list[State] = []
+        self.errors: list[Error] = []
+        self.stats: Stats | None = None
+
+    def start(self, experiment: dict, ready: dict, *, seed: int = 0, **start_fields) -> Peer:
+        self.worker.start(hello_timeout=60)
+        self.worker.send(Start(experiment=experiment, initial_peers=ready["maddrs"], data_base_url=ready["http_url"],
+                               identity_path=str(self.home / "identity.key"), seed=seed, progress_period=0.5,
+                               limits=Limits(cpu_threads=1), host_maddrs=["/ip4/0.0.0.0/tcp/0"], **start_fields))
+        return self
+
+    def drain(self) -> None:
+        while True:
+            try:
+                event = self.worker.events.get_nowait()
+            except queue.Empty:
+                return
+            if event is None:
+                self.worker.events.put(None)
+                return
+            if isinstance(event, Progress):
+                self.progress.append(event)
+            elif isinstance(event, State):
+                self.states.append(event)
+            elif isinstance(event, Error):
+                self.errors.append(event)
+            elif isinstance(event, Stats):
+                self.stats = event
+
+    @property
+    def step(self) -> int:
+        return self.progress[-1].local_epoch if self.progress else 0
+
+    @property
+    def rounds(self) -> int:
+        return self.stats.rounds if self.stats else 0
+
+    @property
+    def reachability(self) -> str | None:
+        return next((s.reachability for s in reversed(self.states) if s.reachability), None)
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return (self.home / "worker.log").read_text()[-n:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        self.worker.stop(timeout=15)
+
+
+def wait_until(peers: list[Peer], condition, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for peer in peers:
+            peer.drain()
+            fatal = [e for e in peer.errors if e.fatal]
+            if fatal:
+                raise AssertionError(f"{peer.host.name}: {fatal[0].title}: {fatal[0].message}\n{peer.log_tail()}")
+        if condition():
+            return
+        time.sleep(0.3)
+    detail = "\n".join(f"--- {p.host.name} steps={p.step} rounds={p.rounds} reach={p.reachability}\n{p.log_tail(1500)}"
+                       for p in peers)
+    raise AssertionError(f"{message}\n{detail}")

@@ -1,0 +1,122 @@
+"""Swarm tests across real network boundaries (tests/netlab): a backbone and a public volunteer on
+a public segment, volunteers behind masquerading home routers. Real workers, real hivemind."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import tiny_experiment
+from netlab.peers import Backbone, Peer, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+NATED = ("via relay", "outbound only")
+
+
+def experiment() -> dict:
+    return tiny_experiment(target_batch_size=128, averaging_timeout=15.0, matchmaking_time=2.0)
+
+
+def swarm(netlab, tmp_path, homes: int):
+    exp = experiment()
+    bb_host, pub_host = netlab.public("bb"), netlab.public("pub")
+    backbone = Backbone(netlab, bb_host, exp, tmp_path)
+    ready = backbone.wait_ready()
+    pub = Peer(netlab, pub_host, tmp_path / "pub").start(exp, ready, seed=1)
+    nated = [Peer(netlab, netlab.home(f"h{i}"), tmp_path / f"h{i}").start(exp, ready, seed=2 + i)
+             for i in range(1, homes + 1)]
+    return backbone, pub, nated
+
+
+LISTEN = ("import socket,time;s=socket.socket();s.bind(('0.0.0.0',7000));s.listen();"
+          "print('ready',flush=True);time.sleep(60)")
+
+
+def test_lab_nat_blocks_inbound(netlab):
+    import subprocess
+
+    pub, home = netlab.public("pub"), netlab.home("h1")
+    for host in (pub, home):
+        listener = netlab.popen(host, ["python3", "-c", LISTEN], stdout=subprocess.PIPE, text=True)
+        assert listener.stdout.readline().strip() == "ready"
+    assert not netlab.can_connect(pub, home.ip, 7000), "a public host reached into a home network"
+    assert netlab.can_connect(home, pub.ip, 7000), "a home host could not connect out"
+    netlab.cut(home)
+    assert not netlab.can_connect(home, pub.ip, 7000, timeout=1), "a cut link still carried traffic"
+    netlab.restore(home)
+    assert netlab.can_connect(home, pub.ip, 7000, timeout=5)
+    assert netlab.counters(home)[0] > 0
+
+
+def test_nated_volunteer_joins_through_backbone(netlab, tmp_path):
+    _, pub, (home,) = swarm(netlab, tmp_path, homes=1)
+    peers = [pub, home]
+    wait_until(peers, lambda: all(p.progress for p in peers), 150, "a peer reported no progress")
+    assert pub.reachability == "direct"
+    assert home.reachability in NATED
+    start = max(p.step for p in peers)
+    wait_until(peers, lambda: min(p.step for p in peers) >= start + 3 and home.rounds >= 1 and pub.rounds >= 1,
+               240, "the global step did not advance with the NATed volunteer averaging")
+    assert max(p.progress[-1].num_peers for p in peers) >= 2
+    assert home.progress[-1].reachability in NATED
+
+
+def test_two_volunteers_behind_two_routers_contribute(netlab, tmp_path):
+    _, pub, homes = swarm(netlab, tmp_path, homes=2)
+    peers = [pub, *homes]
+    wait_until(peers, lambda: all(p.progress for p in peers), 180, "a peer reported no progress")
+    assert all(h.reachability in NATED for h in homes)
+    start = max(p.step for p in peers)
+    wait_until(peers, lambda: min(p.step for p in peers) >= start + 2 and all(h.rounds >= 1 for h in homes),
+               300, "a NATed volunteer never joined an averaging round")
+
+
+def test_cut_link_recovers(netlab, tmp_path):
+    _, pub, (home,) = swarm(netlab, tmp_path, homes=1)
+    peers = [pub, home]
+    wait_until(peers, lambda: all(p.progress for p in peers), 150, "a peer reported no progress")
+    start = max(p.step for p in peers)
+    wait_until(peers, lambda: min(p.step for p in peers) >= start + 2 and home.rounds >= 1, 240,
+               "the swarm did not train before the cut")
+    netlab.cut(netlab.hosts["h1"])
+    cut_at, step_at_cut = time.monotonic(), pub.step
+    # the public volunteer keeps training: it never waits on the cut peer longer than the timeout
+    wait_until(peers, lambda: pub.step >= step_at_cut + 2, 120, "the public volunteer stalled during the cut")
+    time.sleep(max(0.0, 30 - (time.monotonic() - cut_at)))
+    netlab.restore(netlab.hosts["h1"])
+    assert "Lost contact with the swarm" in home.log_tail(10**7), "the volunteer never noticed the cut"
+    wait_until(peers, lambda: "Rejoined the swarm: loaded its state" in home.log_tail(10**7), 120,
+               "the NATed volunteer did not rejoin and load the swarm's state")
+    rounds_before = home.rounds
+    wait_until(peers, lambda: home.rounds > rounds_before and abs(home.step - pub.step) <= 1, 240,
+               "the NATed volunteer did not contribute again after rejoining")
+
+
+def test_volunteer_refuses_to_relay_backbone_relays(netlab):
+    """A NATed peer asks a public volunteer, then the backbone, to relay for it (real p2pd daemons).
+    The volunteer refuses (hivemind_patches patch 3); through the backbone a third peer reaches it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    script = str(root / "tests" / "netlab" / "p2pnode.py")
+    opts = dict(cwd=str(root), env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, text=True)
+    dialer = netlab.public("dialer")
+
+    def relay_and_client(mode: str) -> str:
+        relay, home = netlab.public(f"relay-{mode}"), netlab.home(f"home-{mode}")
+        server = netlab.popen(relay, [sys.executable, script, "serve", relay.ip, "4001", mode], **opts)
+        addr = server.stdout.readline()
+        assert "/p2p/" in addr, f"the {mode} did not start"
+        client = netlab.popen(home, [sys.executable, script, "reserve", addr.strip(), "20"], **opts)
+        return client.stdout.readline().strip()
+
+    assert relay_and_client("volunteer") == "none", "a volunteer accepted a relay reservation from a stranger"
+    circuit = relay_and_client("backbone")
+    assert "/p2p-circuit/" in circuit, "the backbone did not accept a reservation"
+    dial = subprocess.run(netlab.launcher(dialer) + [sys.executable, script, "dial", circuit], timeout=120, **{
+        k: v for k, v in opts.items() if k != "stdout"}, capture_output=True)
+    assert dial.stdout.strip().endswith("connected"), f"nobody reached the NATed peer: {dial.stderr[-500:]}"
