@@ -3,7 +3,9 @@ entry, the preferences and where the swarm's files are. Plain Python, no Qt, no 
 
 Overrides for organizers and tests (environment): ``DEDLOC_CATALOG_URL`` (where the signed catalog
 is refreshed from; relative shard URLs resolve next to it), ``DEDLOC_INITIAL_PEERS`` (extra
-bootstrap multiaddrs, space-separated), ``DEDLOC_TRUSTED_KEYS`` (a folder of extra ``*.pub`` keys).
+bootstrap multiaddrs, space-separated), ``DEDLOC_TRUSTED_KEYS`` (a folder of extra ``*.pub`` keys),
+``DEDLOC_LISTEN`` (the worker's listen multiaddrs, space-separated; default every interface, so
+the backbone's dial-back can tell whether this peer is reachable).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ def catalog_url() -> str | None:
 
 def extra_peers() -> list[str]:
     return os.environ.get("DEDLOC_INITIAL_PEERS", "").split()
+
+
+def listen_maddrs() -> list[str]:
+    return os.environ.get("DEDLOC_LISTEN", "").split() or ["/ip4/0.0.0.0/tcp/0"]
 
 
 def trusted_key_paths() -> list[Path] | None:
@@ -59,6 +65,7 @@ def start_command(experiment: Experiment, prefs: Preferences, *, limits: Limits,
     return Start(
         experiment=experiment.model_dump(mode="json"),
         initial_peers=peers,
+        host_maddrs=listen_maddrs(),
         data_base_url=data_url,
         identity_path=str(paths.data_dir() / "identity.key"),
         limits=limits,

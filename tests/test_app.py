@@ -26,6 +26,7 @@ def home(tmp_path, monkeypatch):
     """A fresh per-user home for the app (config, data, logs)."""
     monkeypatch.setenv("DEDLOC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))  # start-at-login entries
+    monkeypatch.setenv("DEDLOC_LISTEN", "/ip4/127.0.0.1/tcp/0")  # test swarms live on loopback
     for name in ("DEDLOC_CATALOG_URL", "DEDLOC_TRUSTED_KEYS", "DEDLOC_INITIAL_PEERS"):
         monkeypatch.delenv(name, raising=False)
     home = tmp_path / "home"
@@ -208,6 +209,7 @@ def test_real_worker_through_the_tray(make_app, qtbot, signed_catalog_server, sp
     qtbot.waitUntil(lambda: app.controller.status.state == "training" and app.controller.last_progress,
                     timeout=180000)
     qtbot.waitUntil(lambda: "global step" in page.details.text(), timeout=10000)
+    assert "Connection:</b> direct" in page.details.text()  # loopback: reachable without asking
     assert "samples/s" in app.tray.status_action.text() and "Training tiny-lm" in app.tray.toolTip()
 
     # Pause from the tray: the worker pauses and accumulates no more samples.

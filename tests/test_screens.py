@@ -48,7 +48,7 @@ def test_screenshots_of_every_page_and_the_tray_menu(tmp_path, signed_catalog_se
     (home / "config" / "preferences.json").write_text(  # contribute while "in use": Xvfb just started
         json.dumps({"version": 1, "consent": True, "idle_only": False, "other_cpu_limit": None}))
     with xvfb(tray=True) as display:
-        env = {**os.environ, "DISPLAY": display, "DEDLOC_HOME": str(home),
+        env = {**os.environ, "DISPLAY": display, "DEDLOC_HOME": str(home), "DEDLOC_LISTEN": "/ip4/127.0.0.1/tcp/0",
                "DEDLOC_INITIAL_PEERS": " ".join(state.maddrs)}
         run = subprocess.run([sys.executable, str(ROOT / "tests" / "screens_app.py"), str(SCREENS), "tiny-lm-test"],
                              env=env, capture_output=True, text=True, timeout=500)

@@ -127,6 +127,9 @@ class ExperimentsPage(QWidget):
             rows.append("<p>This experiment needs an access token from its organizer.</p>")
         if is_joined:
             rows.append(f"<p><b>Joined.</b> {escape(self.controller.status.text)}</p>")
+            ws = self.controller.worker_state
+            if ws is not None and ws.reachability:
+                rows.append(f"<p><b>Connection:</b> {escape(CONNECTION.get(ws.reachability, ws.reachability))}</p>")
             p = self.controller.last_progress
             if p is not None:
                 loss = f"{p.loss:.3f}" if p.loss is not None else "–"
@@ -164,6 +167,13 @@ class ExperimentsPage(QWidget):
         if not self.controller.prefs.consent:
             self.controller.save_prefs(self.controller.prefs.model_copy(update={"consent": True}))
         self.controller.join(exp.id)
+
+
+CONNECTION = {
+    "direct": "direct (other volunteers can reach this computer)",
+    "via relay": "via the backbone's relay (this computer is behind a router that blocks incoming connections)",
+    "outbound only": "outbound only (no relay could be used; this computer still sends its gradients)",
+}
 
 
 def mode_name(exp: Experiment) -> str:
