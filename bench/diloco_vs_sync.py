@@ -22,15 +22,16 @@ training until all have reported.
 
 The last line: ``bytes per sample ratio sync/diloco: X, loss diloco/sync: Y``.
 
-Network: peers talk over loopback by default. ``--lab PROFILE`` is the hook for the network lab
-(tests/netlab, built separately): it must start each peer inside its own namespace behind a shaped
-link of PROFILE. Until that module exists, ``--lab`` stops with a clear message; the hook point is
-``peer_command()`` (wrap the command in the lab's runner) and ``listen_address()``.
+Network: peers talk over loopback by default. ``--lab swarm`` (root) runs each peer inside its own
+namespace of the network lab (tests/netlab) behind a shaped link: the profile of
+bench/swarm_netlab.py (100, 50, 20, 10 Mbit/s with 20, 30, 50, 50 ms one-way delay), the first
+``--peers`` links, the same links for both phases.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -144,16 +145,44 @@ def listen_address(lab: str | None) -> str:
     return "/ip4/127.0.0.1/tcp/0" if not lab else "/ip4/0.0.0.0/tcp/0"
 
 
+PROFILES = {  # (Mbit/s both ways, one-way delay ms) per peer; "swarm" is bench/swarm_netlab.py's
+    "swarm": [(100, 20), (50, 30), (20, 50), (10, 50)],
+}
+_lab_hosts: list = []  # the lab's hosts, one per peer, while a --lab run is under way
+
+
 def peer_command(argv: list[str], index: int, lab: str | None) -> list[str]:
-    """The command that starts peer ``index``; the lab wraps it to run behind a shaped link."""
+    """The command that starts peer ``index``: as is, or inside its namespace behind a shaped link."""
     if not lab:
         return argv
-    try:
-        from tests.netlab import wrap_command  # type: ignore[import-not-found]
-    except ImportError:
-        raise SystemExit("--lab needs tests/netlab (the network lab), which is not in this checkout yet; "
-                         "run without --lab for loopback figures") from None
-    return wrap_command(argv, index=index, profile=lab)
+    return ["ip", "netns", "exec", _lab_hosts[index].ns] + argv
+
+
+@contextlib.contextmanager
+def network(args: argparse.Namespace):
+    """Loopback, or the network lab (tests/netlab; root): each peer a public host behind its own
+    shaped link from ``PROFILES[args.lab]``, the same for both phases."""
+    if not args.lab:
+        yield
+        return
+    if args.lab not in PROFILES:
+        raise SystemExit(f"--lab: unknown profile {args.lab!r}; known: {', '.join(PROFILES)}")
+    if args.peers > len(PROFILES[args.lab]):
+        raise SystemExit(f"--lab {args.lab} has links for {len(PROFILES[args.lab])} peers")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from netlab import Lab, lab_unavailable_reason
+    from netlab.lab import Shape
+
+    reason = lab_unavailable_reason()
+    if reason:
+        raise SystemExit(f"--lab: {reason}")
+    with Lab() as lab:
+        _lab_hosts[:] = [lab.public(f"d{i}", Shape(up_mbit=mbit, down_mbit=mbit, delay_ms=delay))
+                         for i, (mbit, delay) in enumerate(PROFILES[args.lab][:args.peers])]
+        try:
+            yield
+        finally:
+            _lab_hosts.clear()
 
 
 # ---- the parent ---------------------------------------------------------------------------------------
@@ -229,7 +258,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--compression", default="8bit", choices=["none", "fp16", "8bit"])
     ap.add_argument("--matchmaking-time", type=float, default=1.0, help="seconds, both modes")
-    ap.add_argument("--lab", default=None, help="network-lab link profile (needs tests/netlab)")
+    ap.add_argument("--lab", default=None, help="network-lab link profile: swarm (root; tests/netlab)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--keep", default=None, help="keep peer logs in this folder")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
@@ -242,15 +271,14 @@ def main() -> None:
     if args.peer:
         run_peer(args)
         return
-    if args.lab:
-        peer_command([], 0, args.lab)  # fails early if the lab is missing
     if args.sync_target_batch % (args.peers * args.batch):
         raise SystemExit("--sync-target-batch must be a multiple of peers x batch")
     args.samples = args.rounds * args.inner_steps * (args.sync_target_batch // args.peers)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="diloco-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DEDLOC_HOME", str(work / "home"))
-    figures = {mode: summarize(run_phase(mode, args, work)) for mode in ("sync", "diloco")}
+    with network(args):
+        figures = {mode: summarize(run_phase(mode, args, work)) for mode in ("sync", "diloco")}
     print(f"{args.peers} peers, {args.samples} samples each, model {args.model}; sync: micro-batch {args.batch}, "
           f"target batch {args.sync_target_batch}, fp16 gradients; diloco: inner batch "
           f"{args.sync_target_batch // args.peers}, H={args.inner_steps}, {args.compression} deltas, "
