@@ -54,7 +54,7 @@ class DilocoOptimizer:
     """Inner optimizer + outer Nesterov SGD + background delta averaging, for one model.
 
     Has the parts of ``hivemind.Optimizer`` that the worker's loop uses: ``step``, ``zero_grad``,
-    ``local_epoch`` (the outer round), ``rounds_joined`` and ``shutdown``."""
+    ``local_epoch`` (the outer round), ``rounds_joined``, ``averaging_seconds`` and ``shutdown``."""
 
     def __init__(self, dht, run_id: str, model: torch.nn.Module, recipe, params, *, batch_size: int,
                  matchmaking_time: float, averaging_timeout: float, client_mode: bool = False,
@@ -71,6 +71,7 @@ class DilocoOptimizer:
         self._lock = threading.Lock()  # guards the outer state (read by newcomers from another thread)
         self.round = 0
         self.rounds_joined = 0
+        self.averaging_seconds = 0.0  # time the background syncs spent averaging (the Stats event)
         self.last_group_size = 0
         self.inner_steps = 0  # since the last sync was launched
         self.samples_since_launch = 0
@@ -153,11 +154,14 @@ class DilocoOptimizer:
         self._announce()
 
     def _run_in_background(self, future: Future[Outcome], *args: Any) -> None:
+        began = time.perf_counter()
         try:
             future.set_result(self._run_sync(*args))
         except Exception:  # noqa: BLE001 - the loop trains on; the next sync starts afresh
             logger.exception("DiLoCo sync failed")
             future.set_result(Outcome("failed"))
+        finally:
+            self.averaging_seconds += time.perf_counter() - began
 
     def _run_sync(self, deltas: list[torch.Tensor], weight: float, round_: int) -> Outcome:
         """In the background thread: average until a group completes, or decide we are alone/behind."""
