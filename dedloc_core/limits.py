@@ -50,7 +50,18 @@ def apply_cpu_and_network(limits: Limits) -> None:
 
     if limits.cpu_threads:
         torch.set_num_threads(limits.cpu_threads)
-    bandwidth.set_caps(limits.upload_bps, limits.download_bps)
+    bandwidth.set_caps(_payload(limits.upload_bps), _payload(limits.download_bps))
+
+
+# The buckets pace the payload of hivemind's messages; TCP/IP headers, libp2p framing (noise,
+# yamux) and the daemon's own chatter add to it on the wire. Measured in the network-namespace
+# test: about 14 % on top. Paced at 85 % of the cap, the bytes on the wire stay under the cap.
+WIRE_SHARE = 0.85
+
+
+def _payload(cap: int | None) -> int | None:
+    """The payload rate for a cap on the wire (None: unchanged, 0: no cap)."""
+    return cap if not cap else max(1, int(cap * WIRE_SHARE))
 
 
 def gpu_wanted(limits: Limits) -> bool:

@@ -23,6 +23,10 @@ from dedloc_core.workerproc import WorkerProcess
 # swarms. tests/test_pause.py checks the real priority by asking for it explicitly.
 os.environ.setdefault("DEDLOC_WORKER_NICE", "0")
 
+# The target batch of the app tests' swarm: large enough that a rejoining or paused peer catches up
+# and joins averaging rounds (with 256 the seed peer alone finished a round every ~0.2 s).
+APP_SWARM_BATCH = 1024
+
 CORPUS_MANIFEST = json.loads(resources.files("resources").joinpath("corpus", "manifest.json").read_text())
 
 
@@ -138,7 +142,8 @@ def serve_signed_catalog(server: FileServer, tmp_path: Path, monkeypatch, experi
 def signed_catalog_server(tmp_path, corpus_server, monkeypatch):
     """A real HTTP server with a catalog (of the tiny test experiment) signed by a test key that the
     app trusts; shards come from the corpus server next to it."""
-    return serve_signed_catalog(corpus_server, tmp_path, monkeypatch, [tiny_experiment(target_batch_size=256)])
+    experiment = tiny_experiment(target_batch_size=APP_SWARM_BATCH)
+    return serve_signed_catalog(corpus_server, tmp_path, monkeypatch, [experiment])
 
 
 @pytest.fixture

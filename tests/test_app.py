@@ -193,10 +193,10 @@ def test_stale_worker_is_reaped_at_start(qtbot, home):
 def test_real_worker_through_the_tray(make_app, qtbot, signed_catalog_server, spawn_worker, monkeypatch):
     """Join -> progress shown -> pause from the tray -> no more samples -> resume -> snooze ->
     a crashed worker is restarted -> Quit leaves no process."""
-    from conftest import start_command
+    from conftest import APP_SWARM_BATCH, start_command
 
     seed = spawn_worker("seed")  # another volunteer already in the swarm
-    seed.send(start_command(signed_catalog_server, seed.home, seed=7, target_batch_size=256))
+    seed.send(start_command(signed_catalog_server, seed.home, seed=7, target_batch_size=APP_SWARM_BATCH))
     state = seed.wait_for(lambda e: getattr(e, "state", None) == "training", 120)
     assert state is not None, "the seed peer did not start"
     monkeypatch.setenv("DEDLOC_INITIAL_PEERS", " ".join(state.maddrs))
@@ -277,12 +277,12 @@ def test_the_worker_runs_while_away_and_pauses_when_the_user_returns(
         make_app, qtbot, home, signed_catalog_server, spawn_worker, monkeypatch):
     """The policy through the app on a real X server: present (recent input) -> nothing starts;
     30 s without input -> the worker trains; a mouse move -> paused within about a second."""
-    from conftest import start_command
+    from conftest import APP_SWARM_BATCH, start_command
     from desktop import need, xvfb
 
     need("Xvfb", "xdpyinfo", "xdotool")
     seed = spawn_worker("seed")
-    seed.send(start_command(signed_catalog_server, seed.home, seed=7, target_batch_size=256))
+    seed.send(start_command(signed_catalog_server, seed.home, seed=7, target_batch_size=APP_SWARM_BATCH))
     state = seed.wait_for(lambda e: getattr(e, "state", None) == "training", 120)
     assert state is not None, "the seed peer did not start"
     monkeypatch.setenv("DEDLOC_INITIAL_PEERS", " ".join(state.maddrs))

@@ -53,7 +53,7 @@ def test_limits_helpers():
     try:
         limits.apply_cpu_and_network(Limits(cpu_threads=1, upload_bps=123_000, download_bps=0))
         assert torch.get_num_threads() == 1
-        assert bandwidth.caps() == (123_000, 0)
+        assert bandwidth.caps() == (int(123_000 * limits.WIRE_SHARE), 0)  # headroom for headers
     finally:
         torch.set_num_threads(threads)
         bandwidth.set_caps(0, 0)

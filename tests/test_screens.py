@@ -37,10 +37,10 @@ def colors(path: Path) -> int:
 @pytest.mark.timeout(600)
 def test_screenshots_of_every_page_and_the_tray_menu(tmp_path, signed_catalog_server, spawn_worker):
     need("Xvfb", "xdpyinfo", "openbox", "trayer", "xdotool")
-    from conftest import start_command
+    from conftest import APP_SWARM_BATCH, start_command
 
     seed = spawn_worker("seed")
-    seed.send(start_command(signed_catalog_server, seed.home, seed=7, target_batch_size=256))
+    seed.send(start_command(signed_catalog_server, seed.home, seed=7, target_batch_size=APP_SWARM_BATCH))
     state = seed.wait_for(lambda e: getattr(e, "state", None) == "training", 120)
     assert state is not None, "the seed peer did not start"
     home = tmp_path / "home"
