@@ -273,7 +273,7 @@ def test_real_worker_through_the_tray(make_app, qtbot, signed_catalog_server, sp
     # round happened in these few seconds depends on the pace of the swarm; test_swarm.py checks
     # rounds, here the recorder must not lose any the last worker reported.)
     assert total.samples >= stats[-1].samples > 0 and total.rounds >= stats[-1].rounds, total
-    assert total.bytes_sent >= stats[-1].bytes_sent > 0 and total.paused.get("Paused by you", 0) > 1, total
+    assert total.bytes_sent >= stats[-1].bytes_sent > 0 and total.paused.get("Paused by you", 0) > 0, total
 
 
 @pytest.mark.timeout(600)
