@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=5, help="global steps between checkpoints")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between checks of the swarm")
     p.add_argument("--ready-file", type=Path, default=None)
+    p.add_argument("--no-relay", action="store_true",
+                   help="do not relay for volunteers behind NAT (they join outbound only)")
     return p.parse_args(argv)
 
 
@@ -134,7 +136,7 @@ class Backbone:
             identity_path=str(self.run_dir / "identity.key"),
             matchmaking_time=exp.matchmaking_time,
             averaging_timeout=exp.averaging_timeout,
-            relay_service=True,  # the backbone relays for volunteers behind NAT; they do not
+            relay_service=not self.args.no_relay,  # the backbone relays for volunteers behind NAT; they do not
         )
         dht = swarm.start_dht(cfg)
         from .reachability import serve_dialback

@@ -34,6 +34,13 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    ``set_relay_service(True)``. The same patch appends extra p2pd flags from ``set_p2pd_options``
    (a NATed peer that names its relay sets ``relayDiscovery=False``; with few public peers,
    discovery finds none).
+6. ``awaited futures stay alive``: ``MPFuture`` (``utils/mpfuture.py``) keeps only weak references
+   to its futures, and asyncio only weak references to tasks. A coroutine awaiting an MPFuture (a
+   DHT store from the averager, a step's trigger) was the only holder of both, so the garbage
+   collector could destroy the whole chain mid-await ("Task was destroyed but it is pending!"). When
+   that hit the matchmaking chain inside ``look_for_group``, its lock was never released and every
+   later averaging round failed with "could not find a group" until the process ended (seen in the
+   network lab). ``MPFuture.__await__`` now keeps the future in a set until the await ends.
 """
 
 from __future__ import annotations
@@ -87,6 +94,25 @@ def install() -> None:
     _patch_p2pd_spawn()
     _patch_8bit_codecs()
     _patch_p2pd_flags()
+    _patch_mpfuture_await()
+
+
+_awaited: set = set()  # patch 6: MPFutures being awaited in this process
+
+
+def _patch_mpfuture_await() -> None:
+    from hivemind.utils.mpfuture import MPFuture
+
+    original = MPFuture.__await__
+
+    def __await__(self):  # noqa: N807
+        _awaited.add(self)
+        try:
+            return (yield from original(self))
+        finally:
+            _awaited.discard(self)
+
+    MPFuture.__await__ = __await__  # type: ignore[method-assign]
 
 
 def _patch_traffic() -> None:

@@ -138,13 +138,11 @@ def only_loopback(maddrs: list[str]) -> bool:
     return True
 
 
-def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 20.0) -> tuple[Any, str]:
+def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 10.0, relay_tries: int = 3) -> tuple[Any, str]:
     """Start a DHT that others can use to reach us, as well as this network allows.
 
     ``cfg`` is a ``swarm.SwarmConfig``; ``cfg.reachability`` "auto" decides by dial-back, or forces
     "direct", "relay" or "outbound". Returns (dht, one of DIRECT, VIA_RELAY, OUTBOUND_ONLY)."""
-    from . import hivemind_patches
-
     mode = cfg.reachability
     if cfg.client_mode or mode == "outbound":
         return start_dht(cfg, client_mode=True), OUTBOUND_ONLY
@@ -157,22 +155,37 @@ def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 20.0) -> tuple[
         dht.shutdown()
     elif mode == "direct":
         return start_dht(cfg), DIRECT
-    # not reachable: a reservation on the backbone's relay, else outbound only
+    # not reachable: a reservation on the backbone's relay, else outbound only. A reservation comes
+    # within a second or two, or not at all from that daemon (seen under load): a fresh daemon retries.
+    for attempt in range(1, relay_tries + 1):
+        dht = _start_relayed(cfg, start_dht)
+        if _wait_for_relay_address(dht, relay_wait):
+            return dht, VIA_RELAY
+        logger.warning("No relay address after %.0f s (try %d of %d)", relay_wait, attempt, relay_tries)
+        dht.shutdown()
+    logger.warning("No relay reservation; joining outbound only (client mode)")
+    return start_dht(cfg, client_mode=True, check_if_identity_free=False), OUTBOUND_ONLY
+
+
+def _start_relayed(cfg, start_dht: Callable[..., Any]):
+    from . import hivemind_patches
+
     hivemind_patches.set_p2pd_options(relayDiscovery=False)
     try:
-        dht = start_dht(cfg, use_relay=True, use_auto_relay=True, trusted_relays=cfg.initial_peers,
-                        force_reachability="private",  # do not wait for AutoNAT to find out
-                        check_if_identity_free=False)  # hivemind's check starts a p2pd that rejects autorelay
+        return start_dht(cfg, use_relay=True, use_auto_relay=True, trusted_relays=cfg.initial_peers,
+                         force_reachability="private",  # do not wait for AutoNAT to find out
+                         check_if_identity_free=False)  # hivemind's check starts a p2pd that rejects autorelay
     finally:
         hivemind_patches.set_p2pd_options(relayDiscovery=None)
-    deadline = time.monotonic() + relay_wait
+
+
+def _wait_for_relay_address(dht, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any("p2p-circuit" in str(m) for m in dht.get_visible_maddrs()):
-            return dht, VIA_RELAY
+            return True
         time.sleep(0.5)
-    logger.warning("No relay address after %.0f s; joining outbound only (client mode)", relay_wait)
-    dht.shutdown()
-    return start_dht(cfg, client_mode=True, check_if_identity_free=False), OUTBOUND_ONLY
+    return False
 
 
 # ---- finding the way back -------------------------------------------------------------------------

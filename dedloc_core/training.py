@@ -306,16 +306,28 @@ class Watchdog:
 
     def _run(self) -> None:
         misses = 0
+        relays = self._relay_addresses()
         while not self._stop.wait(self.period):
             answered = self.ping(self.dht, self.peers)
+            now_relays = self._relay_addresses()
+            if now_relays != relays:
+                logger.warning("Relay addresses: %d -> %d", relays, now_relays)
+                relays = now_relays
             misses = 0 if answered else misses + 1
             if misses == 2 and self.lost_since is None:  # one slow ping on a busy machine is no loss
                 self.lost_since = time.monotonic() - self.period
                 logger.warning("Lost contact with the swarm's initial peers")
             elif answered and self.lost_since is not None:
-                logger.warning("Back in touch with the swarm after %.0f s", time.monotonic() - self.lost_since)
+                logger.warning("Back in touch with the swarm after %.0f s (relay addresses: %d)",
+                               time.monotonic() - self.lost_since, self._relay_addresses())
                 self.lost_since = None
                 self.rejoined.set()
+
+    def _relay_addresses(self) -> int:
+        try:
+            return sum("p2p-circuit" in str(m) for m in self.dht.get_visible_maddrs())
+        except Exception:  # noqa: BLE001 - only for the log
+            return -1
 
     def stop(self) -> None:
         self._stop.set()

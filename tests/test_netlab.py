@@ -18,10 +18,10 @@ def experiment() -> dict:
     return tiny_experiment(target_batch_size=128, averaging_timeout=15.0, matchmaking_time=2.0)
 
 
-def swarm(netlab, tmp_path, homes: int):
+def swarm(netlab, tmp_path, homes: int, *backbone_args: str):
     exp = experiment()
     bb_host, pub_host = netlab.public("bb"), netlab.public("pub")
-    backbone = Backbone(netlab, bb_host, exp, tmp_path)
+    backbone = Backbone(netlab, bb_host, exp, tmp_path, *backbone_args)
     ready = backbone.wait_ready()
     pub = Peer(netlab, pub_host, tmp_path / "pub").start(exp, ready, seed=1)
     nated = [Peer(netlab, netlab.home(f"h{i}"), tmp_path / f"h{i}").start(exp, ready, seed=2 + i)
@@ -62,6 +62,17 @@ def test_nated_volunteer_joins_through_backbone(netlab, tmp_path):
     assert home.progress[-1].reachability in NATED
 
 
+def test_without_a_relay_a_nated_volunteer_joins_outbound_only_and_contributes(netlab, tmp_path):
+    _, pub, (home,) = swarm(netlab, tmp_path, 1, "--no-relay")
+    peers = [pub, home]
+    wait_until(peers, lambda: all(p.progress for p in peers), 180, "a peer reported no progress")
+    assert home.reachability == "outbound only"
+    assert "No relay reservation" in home.log_tail(10**7)
+    start = max(p.step for p in peers)
+    wait_until(peers, lambda: min(p.step for p in peers) >= start + 2 and home.rounds >= 1, 240,
+               "the outbound-only volunteer never joined an averaging round")
+
+
 def test_two_volunteers_behind_two_routers_contribute(netlab, tmp_path):
     _, pub, homes = swarm(netlab, tmp_path, homes=2)
     peers = [pub, *homes]
@@ -72,9 +83,6 @@ def test_two_volunteers_behind_two_routers_contribute(netlab, tmp_path):
                300, "a NATed volunteer never joined an averaging round")
 
 
-@pytest.mark.xfail(strict=False, reason="known bug (closing note, stop 11): after the link comes back the "
-                   "volunteer reloads the state but its averaging rounds can keep failing to find a group "
-                   "('could not find a group'); it passed in some runs and failed in a clean-clone CI run")
 def test_cut_link_recovers(netlab, tmp_path):
     _, pub, (home,) = swarm(netlab, tmp_path, homes=1)
     peers = [pub, home]

@@ -35,7 +35,7 @@ def signed_catalog(experiment: dict, folder: Path) -> tuple[Path, Path]:
 class Backbone:
     """``dedloc backbone`` in ``host``'s namespace, listening on its public address."""
 
-    def __init__(self, lab: Lab, host: Host, experiment: dict, folder: Path):
+    def __init__(self, lab: Lab, host: Host, experiment: dict, folder: Path, *extra_args: str):
         catalog, key = signed_catalog(experiment, folder / "catalog")
         self.ready_file = folder / "backbone" / "ready.json"
         self.log = folder / "backbone.log"
@@ -43,7 +43,7 @@ class Backbone:
             sys.executable, "-m", "dedloc_core.backbone", "--experiment", experiment["id"],
             "--catalog", str(catalog), "--trusted-key", str(key), "--run-dir", str(folder / "backbone"),
             "--ready-file", str(self.ready_file), "--listen", f"/ip4/{host.ip}/tcp/{BACKBONE_PORT}",
-            "--http-host", host.ip, "--http-port", str(HTTP_PORT), "--poll", "2"],
+            "--http-host", host.ip, "--http-port", str(HTTP_PORT), "--poll", "2", *extra_args],
             stdin=subprocess.DEVNULL, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
             env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home")})
 
