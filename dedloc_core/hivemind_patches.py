@@ -24,23 +24,30 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    ``torch.quantize_per_tensor``, deprecated by torch 2.13; we compute the same uint8 indices
    (round half to even, clamped to 0..255) with plain tensor ops, so the bytes on the wire are the
    same as before.
-5. ``no relay for strangers``: p2pd offers a circuit relay (v2) to anyone by default. Its
-   ``-relayService``/``-relayMax*`` flags do not stop that: p2pd's ``main.go`` calls
-   ``d.EnableRelayV2()`` (``relay.New(host)`` with default limits) whenever ``-relay=1``, and
-   ``P2P.create`` (``p2p/p2p_daemon.py``) offers only ``use_relay=False``, which also stops this
-   peer from using relays. So after ``P2P.create`` we register our own handler for the relay's hop
-   protocol (``/libp2p/circuit/relay/0.2.0/hop``); the daemon then routes those streams to us instead
-   of its relay, and we close them: no reservations, no circuits. The backbone opts in with
+5. ``no relay for strangers``: p2pd offers a circuit relay (v2) to anyone by default, in two ways.
+   Its ``main.go`` calls ``d.EnableRelayV2()`` (``relay.New(host)`` with default limits) whenever
+   ``-relay=1``, and ``P2P.create`` (``p2p/p2p_daemon.py``) offers only ``use_relay=False``, which
+   also stops this peer from using relays. So after ``P2P.create`` we register our own handler for
+   the relay's hop protocol (``/libp2p/circuit/relay/0.2.0/hop``); the daemon then routes those
+   streams to us instead of its relay, and we close them. Second, once AutoNAT (through other
+   peers of the swarm) finds the host public, libp2p's relay manager starts a relay service again
+   and takes the hop protocol back (seen in the network lab: a public volunteer in a training
+   swarm granted reservations). ``-relayService=0`` stops that manager, so every daemon of a peer
+   that does not relay gets that flag. No reservations, no circuits. The backbone opts in with
    ``set_relay_service(True)``. The same patch appends extra p2pd flags from ``set_p2pd_options``
    (a NATed peer that names its relay sets ``relayDiscovery=False``; with few public peers,
    discovery finds none).
-6. ``awaited futures stay alive``: ``MPFuture`` (``utils/mpfuture.py``) keeps only weak references
-   to its futures, and asyncio only weak references to tasks. A coroutine awaiting an MPFuture (a
-   DHT store from the averager, a step's trigger) was the only holder of both, so the garbage
-   collector could destroy the whole chain mid-await ("Task was destroyed but it is pending!"). When
-   that hit the matchmaking chain inside ``look_for_group``, its lock was never released and every
-   later averaging round failed with "could not find a group" until the process ended (seen in the
-   network lab). ``MPFuture.__await__`` now keeps the future in a set until the await ends.
+6. ``tasks and awaited futures stay alive``: asyncio keeps only weak references to tasks, and
+   hivemind's background loops (``DHT._run``, ``DecentralizedAverager._run``, matchmaking) start
+   tasks with ``asyncio.create_task`` and drop them; ``MPFuture`` (``utils/mpfuture.py``) keeps only
+   weak references to its futures too. A chain of tasks whose leaf awaits such a future (a DHT
+   store from the averager, a step's trigger, a reply) had no strong holder, and the garbage
+   collector destroyed it mid-await ("Task was destroyed but it is pending!"). When that hit the
+   matchmaking chain inside ``look_for_group``, its lock was never released and every later
+   averaging round failed with "could not find a group" until the process ended; in a DHT process
+   the caller of ``run_coroutine`` got ``GeneratorExit`` (both seen in the network lab). Now
+   ``asyncio.create_task`` keeps every task in a set until it is done, and ``MPFuture.__await__``
+   keeps the future until the await ends.
 """
 
 from __future__ import annotations
@@ -94,23 +101,32 @@ def install() -> None:
     _patch_p2pd_spawn()
     _patch_8bit_codecs()
     _patch_p2pd_flags()
-    _patch_mpfuture_await()
+    _patch_task_references()
 
 
-_awaited: set = set()  # patch 6: MPFutures being awaited in this process
+_alive: set = set()  # patch 6: tasks not done yet and MPFutures being awaited, in this process
 
 
-def _patch_mpfuture_await() -> None:
+def _patch_task_references() -> None:
     from hivemind.utils.mpfuture import MPFuture
 
+    create_task = asyncio.create_task
+
+    def create_task_kept(coro, **kwargs):
+        task = create_task(coro, **kwargs)
+        _alive.add(task)
+        task.add_done_callback(_alive.discard)
+        return task
+
+    asyncio.create_task = create_task_kept
     original = MPFuture.__await__
 
     def __await__(self):  # noqa: N807
-        _awaited.add(self)
+        _alive.add(self)
         try:
             return (yield from original(self))
         finally:
-            _awaited.discard(self)
+            _alive.discard(self)
 
     MPFuture.__await__ = __await__  # type: ignore[method-assign]
 
@@ -313,7 +329,10 @@ def p2pd_options() -> dict[str, Any]:
     return dict(_p2pd_flags)
 
 
-async def _refuse(_info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _refuse(info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    import logging
+
+    logging.getLogger(__name__).info("Refused to relay for %s", getattr(info, "peer_id", "a peer"))
     writer.close()
 
 
@@ -323,7 +342,8 @@ def _patch_p2pd_flags() -> None:
     make_args = P2P._make_process_args
 
     def _make_process_args(*args: Any, **kwargs: Any) -> list[str]:
-        return make_args(*args, **{**kwargs, **_p2pd_flags})
+        relay = {} if _relay_service else {"relayService": False}  # see patch 5
+        return make_args(*args, **{**kwargs, **relay, **_p2pd_flags})
 
     P2P._make_process_args = staticmethod(_make_process_args)  # type: ignore[method-assign]
 

@@ -182,7 +182,7 @@ def _start_relayed(cfg, start_dht: Callable[..., Any]):
 def _wait_for_relay_address(dht, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any("p2p-circuit" in str(m) for m in dht.get_visible_maddrs()):
+        if any("p2p-circuit" in str(m) for m in dht.get_visible_maddrs(latest=True)):
             return True
         time.sleep(0.5)
     return False

@@ -104,7 +104,7 @@ class Session:
         self.gate = limits.PauseGate(self._should_hold, self._pause)
         self.gate.attach(self.model)  # pauses inside forward and backward, not only between batches
         self.peer_id = str(self.dht.peer_id)
-        self.maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
+        self.maddrs = [str(m) for m in self.dht.get_visible_maddrs(latest=True)]
         logger.info("Joined run %s as %s", exp.run_id, self.peer_id)
         from .reachability import only_loopback
 
@@ -325,7 +325,7 @@ class Watchdog:
 
     def _relay_addresses(self) -> int:
         try:
-            return sum("p2p-circuit" in str(m) for m in self.dht.get_visible_maddrs())
+            return sum("p2p-circuit" in str(m) for m in self.dht.get_visible_maddrs(latest=True))
         except Exception:  # noqa: BLE001 - only for the log
             return -1
 

@@ -66,7 +66,7 @@ def test_without_a_relay_a_nated_volunteer_joins_outbound_only_and_contributes(n
     _, pub, (home,) = swarm(netlab, tmp_path, 1, "--no-relay")
     peers = [pub, home]
     wait_until(peers, lambda: all(p.progress for p in peers), 180, "a peer reported no progress")
-    assert home.reachability == "outbound only"
+    assert home.reachability == "outbound only", f"{home.reachability}: {home.maddrs}"
     assert "No relay reservation" in home.log_tail(10**7)
     start = max(p.step for p in peers)
     wait_until(peers, lambda: min(p.step for p in peers) >= start + 2 and home.rounds >= 1, 240,
@@ -102,6 +102,31 @@ def test_cut_link_recovers(netlab, tmp_path):
     rounds_before = home.rounds
     wait_until(peers, lambda: home.rounds > rounds_before and abs(home.step - pub.step) <= 1, 240,
                "the NATed volunteer did not contribute again after rejoining")
+
+
+def p2pnode(netlab, host, *args: str):
+    """tests/netlab/p2pnode.py in ``host``'s namespace; its stdout is a pipe."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    return netlab.popen(host, [sys.executable, str(root / "tests" / "netlab" / "p2pnode.py"), *args], cwd=str(root),
+                        env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, text=True)
+
+
+def test_in_a_training_swarm_a_public_volunteer_still_refuses_to_relay(netlab, tmp_path):
+    """With other peers around, AutoNAT finds public hosts public and libp2p would start a relay
+    service again (hivemind_patches patch 5): the volunteer must still refuse; the backbone relays."""
+    backbone, pub, _ = swarm(netlab, tmp_path, 0)
+    wait_until([pub], lambda: pub.step >= 1, 150, "the public volunteer did not train")
+    time.sleep(10)  # AutoNAT has had its peers
+    public = [m for m in pub.maddrs if netlab.hosts["pub"].ip in m]
+    refused = p2pnode(netlab, netlab.home("hv"), "reserve", public[0], "15").stdout.readline().strip()
+    assert refused == "none", "a volunteer in a training swarm accepted a relay reservation from a stranger"
+    relayed = p2pnode(netlab, netlab.home("hb"), "reserve", backbone.ready["maddrs"][0], "20").stdout.readline()
+    assert "/p2p-circuit/" in relayed, "the backbone did not accept a reservation"
 
 
 def test_volunteer_refuses_to_relay_backbone_relays(netlab):

@@ -30,5 +30,10 @@ def test_extra_p2pd_flags_reach_the_command_line():
         args = P2P._make_process_args("p2pd", relay=True)
     finally:
         hivemind_patches.set_p2pd_options(relayDiscovery=None)
-    assert args == ["p2pd", "-relay=1", "-relayDiscovery=0"]
-    assert P2P._make_process_args("p2pd", relay=True) == ["p2pd", "-relay=1"]
+    assert args == ["p2pd", "-relay=1", "-relayService=0", "-relayDiscovery=0"]
+    assert P2P._make_process_args("p2pd", relay=True) == ["p2pd", "-relay=1", "-relayService=0"]
+    hivemind_patches.set_relay_service(True)  # the backbone: p2pd's relay service stays on
+    try:
+        assert P2P._make_process_args("p2pd", relay=True) == ["p2pd", "-relay=1"]
+    finally:
+        hivemind_patches.set_relay_service(False)

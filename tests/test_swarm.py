@@ -3,77 +3,20 @@
 from __future__ import annotations
 
 import math
-import queue
-import time
 
 import pytest
 from conftest import start_command
-
-from dedloc_core.protocol import Error, Progress, State, Stats
+from swarmpeer import SwarmPeer, wait_until
 
 pytestmark = pytest.mark.slow
 
 
-class Peer:
-    """A worker in the swarm and what it has said so far."""
-
-    def __init__(self, worker):
-        self.worker = worker
-        self.progress: list[Progress] = []
-        self.states: list[State] = []
-        self.errors: list[Error] = []
-        self.stats: Stats | None = None
-
-    def drain(self) -> None:
-        while True:
-            try:
-                event = self.worker.events.get_nowait()
-            except queue.Empty:
-                return
-            if event is None:
-                self.worker.events.put(None)
-                return
-            if isinstance(event, Progress):
-                self.progress.append(event)
-            elif isinstance(event, State):
-                self.states.append(event)
-            elif isinstance(event, Error):
-                self.errors.append(event)
-            elif isinstance(event, Stats):
-                self.stats = event
-
-    @property
-    def maddrs(self) -> list[str]:
-        return next(s.maddrs for s in reversed(self.states) if s.maddrs)
-
-    @property
-    def step(self) -> int:
-        return self.progress[-1].local_epoch if self.progress else 0
-
-    def digests(self) -> dict[int, list[float]]:
-        """Parameter digest at each local epoch this peer reported."""
-        return {p.local_epoch: p.param_digest for p in self.progress if p.param_digest}
-
-
-def join(spawn_worker, server, name, initial_peers=None, seed=0) -> Peer:
+def join(spawn_worker, server, name, initial_peers=None, seed=0) -> SwarmPeer:
     worker = spawn_worker(name)
     worker.send(start_command(server, worker.home, initial_peers=initial_peers, seed=seed))
-    peer = Peer(worker)
+    peer = SwarmPeer(worker)
     wait_until([peer], lambda: any(s.state == "training" for s in peer.states), 90, "peer never started training")
     return peer
-
-
-def wait_until(peers, condition, timeout, message) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for peer in peers:
-            peer.drain()
-            fatal = [e for e in peer.errors if e.fatal]
-            assert not fatal, f"{fatal[0].title}: {fatal[0].message}"
-        if condition():
-            return
-        time.sleep(0.2)
-    pytest.fail(f"{message} (steps: {[p.step for p in peers]})")
 
 
 def same(a: list[float], b: list[float], rel: float = 2e-3) -> bool:

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from swarmpeer import SwarmPeer, wait_until
+
 from dedloc_core.catalog import generate_keypair, load_private_key, sign_catalog
-from dedloc_core.protocol import Error, Limits, Progress, Start, State, Stats
+from dedloc_core.protocol import Limits, Start
 from dedloc_core.workerproc import WorkerProcess
 
 from .lab import Host, Lab
+
+__all__ = ["Backbone", "Peer", "wait_until"]
 
 BACKBONE_PORT, HTTP_PORT = 31337, 8080
 
@@ -59,20 +62,16 @@ class Backbone:
         raise RuntimeError(f"the backbone did not come up:\n{self.log.read_text()[-3000:]}")
 
 
-class Peer:
+class Peer(SwarmPeer):
     """A worker in ``host``'s namespace and what it has said so far."""
 
     def __init__(self, lab: Lab, host: Host, home: Path):
         home.mkdir(parents=True, exist_ok=True)
-        self.host, self.home = host, home
-        self.worker = WorkerProcess(
+        self.host, self.home, self.name = host, home, host.name
+        super().__init__(WorkerProcess(
             env={**os.environ, "DEDLOC_HOME": str(home),
                  "DEDLOC_LOG_LEVEL": os.environ.get("DEDLOC_TEST_LOG_LEVEL", "INFO")},
-            stderr=(home / "worker.log").open("w"), launcher=lab.launcher(host))
-        self.progress: list[Progress] = []
-        self.states: list[State] = []
-        self.errors: list[Error] = []
-        self.stats: Stats | None = None
+            stderr=(home / "worker.log").open("w"), launcher=lab.launcher(host)))
 
     def start(self, experiment: dict, ready: dict, *, seed: int = 0, **start_fields) -> Peer:
         self.worker.start(hello_timeout=60)
@@ -80,32 +79,6 @@ class Peer:
                                identity_path=str(self.home / "identity.key"), seed=seed, progress_period=0.5,
                                limits=Limits(cpu_threads=1), host_maddrs=["/ip4/0.0.0.0/tcp/0"], **start_fields))
         return self
-
-    def drain(self) -> None:
-        while True:
-            try:
-                event = self.worker.events.get_nowait()
-            except queue.Empty:
-                return
-            if event is None:
-                self.worker.events.put(None)
-                return
-            if isinstance(event, Progress):
-                self.progress.append(event)
-            elif isinstance(event, State):
-                self.states.append(event)
-            elif isinstance(event, Error):
-                self.errors.append(event)
-            elif isinstance(event, Stats):
-                self.stats = event
-
-    @property
-    def step(self) -> int:
-        return self.progress[-1].local_epoch if self.progress else 0
-
-    @property
-    def rounds(self) -> int:
-        return self.stats.rounds if self.stats else 0
 
     @property
     def reachability(self) -> str | None:
@@ -117,21 +90,9 @@ class Peer:
         except OSError:
             return ""
 
+    def describe(self) -> str:
+        head = f"--- {self.name} steps={self.step} rounds={self.rounds} reach={self.reachability}"
+        return f"{head}\n{self.log_tail(1500)}"
+
     def stop(self) -> None:
         self.worker.stop(timeout=15)
-
-
-def wait_until(peers: list[Peer], condition, timeout: float, message: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for peer in peers:
-            peer.drain()
-            fatal = [e for e in peer.errors if e.fatal]
-            if fatal:
-                raise AssertionError(f"{peer.host.name}: {fatal[0].title}: {fatal[0].message}\n{peer.log_tail()}")
-        if condition():
-            return
-        time.sleep(0.3)
-    detail = "\n".join(f"--- {p.host.name} steps={p.step} rounds={p.rounds} reach={p.reachability}\n{p.log_tail(1500)}"
-                       for p in peers)
-    raise AssertionError(f"{message}\n{detail}")
