@@ -64,7 +64,7 @@ _installed = False
 _counters: Any = None  # shared RawArray('Q', 2): [sent, received]
 _PR_SET_PDEATHSIG = 1
 RELAY_HOP = "/libp2p/circuit/relay/0.2.0/hop"
-_relay_service = False  # patch 3; module state is inherited by the forked DHT processes
+_relay_service = False  # patch 5; module state is inherited by the forked DHT processes
 _p2pd_flags: dict[str, Any] = {}
 
 
@@ -306,7 +306,7 @@ def _patch_8bit_codecs() -> None:
 
 
 def set_relay_service(enabled: bool) -> None:
-    """Whether P2P daemons started from now on relay for other peers (patch 3; the backbone only)."""
+    """Whether P2P daemons started from now on relay for other peers (patch 5; the backbone only)."""
     global _relay_service
     _relay_service = enabled
 
@@ -316,7 +316,7 @@ def relay_service() -> bool:
 
 
 def set_p2pd_options(**flags: Any) -> None:
-    """Extra p2pd flags for daemons started from now on (patch 3), e.g. ``relayDiscovery=False``.
+    """Extra p2pd flags for daemons started from now on (patch 5), e.g. ``relayDiscovery=False``.
     ``None`` removes a flag. Set before creating the DHT: its process is forked and inherits them."""
     for key, value in flags.items():
         if value is None:

@@ -11,7 +11,7 @@ address: **via relay**. If none comes, it restarts in hivemind's client mode: **
 it still sends and receives gradients over the connections it opens itself.
 
 A peer whose addresses are all loopback (a local swarm, the tests on 127.0.0.1) is "direct" without
-asking. Volunteers never relay for others (``hivemind_patches`` patch 3); the backbone does.
+asking. Volunteers never relay for others (``hivemind_patches`` patch 5); the backbone does.
 """
 
 from __future__ import annotations

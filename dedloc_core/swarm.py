@@ -52,7 +52,7 @@ class SwarmConfig:
     # how to be reachable (see reachability.join): "auto" asks the backbone to dial back and falls
     # back to its relay, then to client mode; or force "direct", "relay" or "outbound"
     reachability: str = "auto"
-    # serve as a libp2p circuit relay for other peers: the backbone only (hivemind_patches patch 3)
+    # serve as a libp2p circuit relay for other peers: the backbone only (hivemind_patches patch 5)
     relay_service: bool = False
     grad_compression: str = "fp16"  # "none", "fp16" or "8bit" (hivemind's Uniform8BitQuantization)
 

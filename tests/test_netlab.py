@@ -131,7 +131,7 @@ def test_in_a_training_swarm_a_public_volunteer_still_refuses_to_relay(netlab, t
 
 def test_volunteer_refuses_to_relay_backbone_relays(netlab):
     """A NATed peer asks a public volunteer, then the backbone, to relay for it (real p2pd daemons).
-    The volunteer refuses (hivemind_patches patch 3); through the backbone a third peer reaches it."""
+    The volunteer refuses (hivemind_patches patch 5); through the backbone a third peer reaches it."""
     import os
     import subprocess
     import sys

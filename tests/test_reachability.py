@@ -1,4 +1,4 @@
-"""Pure parts of reachability and of patch 3 (the lab tests in test_netlab.py do the real thing)."""
+"""Pure parts of reachability and of patch 5 (the lab tests in test_netlab.py do the real thing)."""
 
 from __future__ import annotations
 
