@@ -14,7 +14,9 @@ The loop, per peer (``DilocoOptimizer.step`` after every micro-batch):
 
 Joining and leaving: a newcomer downloads the outer model, outer momentum and round number from a
 peer, then joins the swarm's next sync at once with a zero update (weight ~0), so it never delays
-the round; from its first full round on it sends real deltas. After every round each peer knows the
+the round; from its first full round on it sends real deltas. A peer that joins before the swarm
+finished its first round (round 0) is a founder: it sends a real delta in round 0 (if the others'
+group forms without it, it finds itself behind and reloads, as any late peer). After every round each peer knows the
 rounds of its group (all-gathered): a peer that is behind (it missed rounds) reloads the outer state
 from the others instead of applying a stale average. A round whose all-reduce fails (a peer killed
 while reducing) is retried with the remaining peers from a fresh copy of the deltas. A peer that
@@ -269,7 +271,10 @@ class DilocoOptimizer:
                 param.copy_(outer)
             self.round = int(metadata.get("round", 0))
         self.averager.state_sharing_priority = float(self.round)
-        self.contribute_zero = True  # join the next sync at once, with a zero update
+        # Join the next sync at once with a zero update, so a newcomer never delays a round; except
+        # in a swarm that has not finished a round yet (round 0, no momentum): there the newcomer is a
+        # founder like the others, and a zero update would throw away its share of the first round.
+        self.contribute_zero = self.round > 0 or bool(metadata.get("has_momentum"))
         self.inner_steps = self.samples_since_launch = 0
         self._announce()
         return True
