@@ -246,6 +246,10 @@ class DilocoParams(_Model):
     outer_lr: float = Field(0.7, gt=0, le=10)
     outer_momentum: float = Field(0.9, ge=0, lt=1)
     compression: Literal["none", "fp16", "8bit"] = "8bit"
+    # Every this many rounds each peer but the round's leader copies the leader's outer model
+    # (0: never). Lossy deltas (8-bit) give each peer a slightly different average every round, so
+    # the peers' outer models drift apart; this bounds the drift at the cost of one state download.
+    resync_every: int = Field(10, ge=0, le=100_000)
 
 
 class Experiment(_Model):
