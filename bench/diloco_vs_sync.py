@@ -1,7 +1,8 @@
 """DiLoCo against synchronous DeDLOC training: bytes per sample, final eval loss, wall time, utilization.
 
     .venv/bin/python bench/diloco_vs_sync.py [--peers 2] [--rounds 3] [--model d64x2s32]
-        [--sync-target-batch 256] [--inner-steps 100] [--compression 8bit] [--lab PROFILE]
+        [--sync-target-batch 256] [--inner-steps 100] [--compression 8bit] [--outer-lr 1.0]
+        [--outer-momentum 0] [--modes sync,diloco] [--lab swarm]
 
 Two phases, one after the other, each with ``--peers`` real peers (separate processes: real
 hivemind, real p2pd) training tiny-lm on the shipped corpus, the same number of samples per peer:
@@ -10,7 +11,9 @@ hivemind, real p2pd) training tiny-lm on the shipped corpus, the same number of 
   until the swarm reaches ``--sync-target-batch``, then fp16 gradients averaged.
 - ``diloco``: ``dedloc_core.diloco``; an inner step is this peer's share of the sync global batch
   (``sync_target_batch / peers`` samples), ``--inner-steps`` (H) of them per round, deltas averaged
-  with ``--compression``. Peers train ``--rounds`` rounds; that sets the samples for both phases.
+  with ``--compression``, applied by the outer SGD (``--outer-lr``, ``--outer-momentum``; default:
+  the catalog's DilocoParams). Peers train ``--rounds`` rounds; that sets the samples for both
+  phases. ``--modes diloco`` runs one phase only (no ratios).
 
 Each peer reports, once it has trained the samples (in DiLoCo mode, once its last sync has been
 applied): the eval loss of its model (the outer model in DiLoCo mode) on the shipped eval text,

@@ -7,7 +7,7 @@ The loop, per peer (``DilocoOptimizer.step`` after every micro-batch):
    delta (outer model minus local parameters, the "pseudo-gradient"; never the weights) goes into
    an all-reduce with the other peers (``delta_averaging.DeltaAverager``), compressed.
 3. The next inner steps start at once, so a slow uplink does not stall compute. When the average
-   arrives, the outer optimizer (SGD with Nesterov momentum) applies it to the outer model, and the
+   arrives, the outer optimizer (SGD, Nesterov momentum if any) applies it to the outer model, and the
    inner steps made meanwhile are carried over onto the new outer model (a one-step-stale update).
    The loop never waits for a sync: if one outlasts H more steps, the next starts when it ends (so
    pausing and stopping stay immediate).
