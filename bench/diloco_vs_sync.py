@@ -89,7 +89,7 @@ def run_peer(args: argparse.Namespace) -> None:
         from dedloc_core.diloco import DilocoOptimizer
 
         params = DilocoParams(inner_steps=args.inner_steps, compression=args.compression, outer_lr=args.outer_lr,
-                              outer_momentum=args.outer_momentum)
+                              outer_momentum=args.outer_momentum, resync_every=args.resync_every)
         opt = DilocoOptimizer(dht, cfg.run_id, model, recipe, params, batch_size=args.batch,
                               matchmaking_time=cfg.matchmaking_time, averaging_timeout=cfg.averaging_timeout)
     batches = recipe.batches([], args.batch, seed=args.seed)
@@ -116,8 +116,12 @@ def run_peer(args: argparse.Namespace) -> None:
             wall = time.monotonic() - began
             sent, received = hivemind_patches.traffic()
             if args.mode == "diloco":  # wait for the last sync, evaluate the outer model the swarm agrees on
-                while True:  # finish the running sync and any round that is due; no more inner steps
-                    if opt._sync is not None:
+                while True:  # finish the running sync, a resync, and any round that is due; no more inner steps
+                    if opt._resync is not None:
+                        if opt._resync.done():
+                            opt._finish_resync()
+                        time.sleep(0.05)
+                    elif opt._sync is not None:
                         if opt._sync.done():
                             opt._finish_sync()
                         time.sleep(0.05)
@@ -209,7 +213,7 @@ def run_phase(mode: str, args: argparse.Namespace, work: Path) -> list[dict]:
                 "--samples", str(args.samples), "--sync-target-batch", str(args.sync_target_batch),
                 "--inner-steps", str(args.inner_steps), "--compression", args.compression,
                 "--matchmaking-time", str(args.matchmaking_time), "--outer-lr", str(args.outer_lr),
-                "--outer-momentum", str(args.outer_momentum)]
+                "--outer-momentum", str(args.outer_momentum), "--resync-every", str(args.resync_every)]
         if args.lab:
             argv += ["--lab", args.lab]
         if i:
@@ -271,6 +275,8 @@ def main() -> None:
     ap.add_argument("--outer-lr", type=float, default=None, help="DiLoCo outer lr (default: the catalog's)")
     ap.add_argument("--outer-momentum", type=float, default=None,
                     help="DiLoCo outer Nesterov momentum, 0 for none (default: the catalog's)")
+    ap.add_argument("--resync-every", type=int, default=None,
+                    help="DiLoCo rounds between outer-model resyncs, 0 for none (default: the catalog's)")
     ap.add_argument("--modes", default="sync,diloco", help="phases to run (both for the ratios)")
     ap.add_argument("--matchmaking-time", type=float, default=1.0, help="seconds, both modes")
     ap.add_argument("--lab", default=None, help="network-lab link profile: swarm (root; tests/netlab)")
@@ -288,6 +294,7 @@ def main() -> None:
     defaults = DilocoParams()
     args.outer_lr = defaults.outer_lr if args.outer_lr is None else args.outer_lr
     args.outer_momentum = defaults.outer_momentum if args.outer_momentum is None else args.outer_momentum
+    args.resync_every = defaults.resync_every if args.resync_every is None else args.resync_every
     if args.peer:
         run_peer(args)
         return
@@ -303,7 +310,8 @@ def main() -> None:
     print(f"{args.peers} peers, {args.samples} samples each, model {args.model}; sync: micro-batch {args.batch}, "
           f"target batch {args.sync_target_batch}, fp16 gradients; diloco: inner batch "
           f"{args.sync_target_batch // args.peers}, H={args.inner_steps}, {args.compression} deltas, "
-          f"{args.rounds} rounds, outer lr {args.outer_lr} momentum {args.outer_momentum}; "
+          f"{args.rounds} rounds, outer lr {args.outer_lr} momentum {args.outer_momentum}, "
+          f"resync every {args.resync_every}; "
           f"network: {args.lab or 'loopback'}")
     print(f"{'mode':8} {'eval loss':>10} {'bytes/sample':>13} {'wall s':>8} {'compute util':>13} {'rounds':>7}")
     for mode, f in figures.items():

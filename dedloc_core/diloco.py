@@ -266,8 +266,7 @@ class DilocoOptimizer:
             return
         round_, (metadata, tensors) = found
         n = len(self.outer_params)
-        if (int(metadata.get("round", -1)) != round_ or self.round != round_ or len(tensors) != 2 * n
-                or any(t.shape != p.shape for t, p in zip(tensors, self.outer_params * 2, strict=True))):
+        if int(metadata.get("round", -1)) != round_ or self.round != round_ or not self._valid_state(metadata, tensors):
             logger.info("DiLoCo round %d: the leader's state is of another round; resync skipped", self.round)
             return
         with self._lock, torch.no_grad():
@@ -279,9 +278,9 @@ class DilocoOptimizer:
                 p.add_(shift)
             for base, shift in zip(self._base, shifts, strict=False):
                 base.add_(shift)
-            for o, value in zip(self.outer_params, tensors[n:], strict=True):
+            for i, o in enumerate(self.outer_params):
                 if metadata.get("has_momentum"):
-                    self.outer.state[o]["momentum_buffer"] = value.to(o.dtype).clone()
+                    self.outer.state[o]["momentum_buffer"] = tensors[n + i].to(o.dtype).clone()
         self.resyncs += 1
         logger.info("DiLoCo round %d: resynced the outer model with the leader (drift %.3g of its norm)",
                     self.round, self.last_drift)
@@ -309,10 +308,16 @@ class DilocoOptimizer:
         with self._lock:
             buffers = [self.outer.state.get(p, {}).get("momentum_buffer") for p in self.outer_params]
             has_momentum = all(b is not None for b in buffers)
-            momentum = [b if b is not None and has_momentum else torch.zeros_like(p)
-                        for b, p in zip(buffers, self.outer_params, strict=True)]
-            return ({"round": self.round, "has_momentum": has_momentum},
-                    [p.clone() for p in self.outer_params] + [m.clone() for m in momentum])
+            momentum = [b.clone() for b in buffers] if has_momentum else []  # none to send without momentum
+            params = [p.clone() for p in self.outer_params]
+            return {"round": self.round, "has_momentum": has_momentum}, params + momentum
+
+    def _valid_state(self, metadata: dict[str, Any], tensors: list[torch.Tensor]) -> bool:
+        """Outer parameters, then (with momentum) the momentum buffers; older peers always sent both."""
+        n = len(self.outer_params)
+        counts = (2 * n,) if metadata.get("has_momentum") else (n, 2 * n)
+        return len(tensors) in counts and all(
+            t.shape == p.shape for t, p in zip(tensors, self.outer_params * 2, strict=False))
 
     def _load_outer_state(self, timeout: float) -> bool:
         if not self._other_rounds():
@@ -323,16 +328,15 @@ class DilocoOptimizer:
             return False
         metadata, tensors = loaded
         n = len(self.outer_params)
-        shapes = [p.shape for p in self.outer_params] * 2
-        if len(tensors) != 2 * n or any(t.shape != shape for t, shape in zip(tensors, shapes, strict=True)):
+        if not self._valid_state(metadata, tensors):
             logger.warning("DiLoCo: a peer sent an outer state of the wrong shape; ignored")
             return False
         with self._lock, torch.no_grad():
             for param, value in zip(self.outer_params, tensors[:n], strict=True):
                 param.copy_(value)
-            for param, value in zip(self.outer_params, tensors[n:], strict=True):
+            for i, param in enumerate(self.outer_params):
                 if metadata.get("has_momentum"):
-                    self.outer.state[param]["momentum_buffer"] = value.clone()
+                    self.outer.state[param]["momentum_buffer"] = tensors[n + i].clone()
                 else:
                     self.outer.state.pop(param, None)
             for param, outer in zip(self.params, self.outer_params, strict=True):

@@ -238,12 +238,15 @@ def test_killed_peer_does_not_stop_the_round_and_newcomer_sends_zero_first(spawn
 
 
 @pytest.mark.slow
-def test_8bit_drift_between_peers_is_reset_by_the_periodic_resync(spawn_worker, corpus_server):
+@pytest.mark.parametrize(("outer_lr", "outer_momentum"), [(0.7, 0.9), (1.0, 0.0)])  # with and without momentum
+def test_8bit_drift_between_peers_is_reset_by_the_periodic_resync(spawn_worker, corpus_server, outer_lr,
+                                                                  outer_momentum):
     """8-bit deltas: each peer gets a slightly different average every round, so the outer models
     drift apart; every ``resync_every`` rounds the peer that is not the group's leader moves onto
     the leader's outer model, after which both report the very same digest for that round."""
-    first = join(spawn_worker, corpus_server, "d0", seed=1, resync_every=3)
-    second = join(spawn_worker, corpus_server, "d1", initial_peers=first.maddrs, seed=2, resync_every=3)
+    opts = {"resync_every": 3, "outer_lr": outer_lr, "outer_momentum": outer_momentum}
+    first = join(spawn_worker, corpus_server, "d0", seed=1, **opts)
+    second = join(spawn_worker, corpus_server, "d1", initial_peers=first.maddrs, seed=2, **opts)
     peers = [first, second]
     wait_until(peers, lambda: min(p.round for p in peers) >= 7 and sum(len(p.resyncs) for p in peers) >= 2, 420,
                "DiLoCo rounds or resyncs did not happen")
