@@ -1,7 +1,8 @@
 """DiLoCo against synchronous DeDLOC training: bytes per sample, final eval loss, wall time, utilization.
 
     .venv/bin/python bench/diloco_vs_sync.py [--peers 2] [--rounds 3] [--model d64x2s32]
-        [--sync-target-batch 256] [--inner-steps 100] [--compression 8bit] [--lab PROFILE]
+        [--sync-target-batch 256] [--inner-steps 100] [--compression 8bit] [--outer-lr 1.0]
+        [--outer-momentum 0] [--modes sync,diloco] [--lab swarm]
 
 Two phases, one after the other, each with ``--peers`` real peers (separate processes: real
 hivemind, real p2pd) training tiny-lm on the shipped corpus, the same number of samples per peer:
@@ -10,7 +11,9 @@ hivemind, real p2pd) training tiny-lm on the shipped corpus, the same number of 
   until the swarm reaches ``--sync-target-batch``, then fp16 gradients averaged.
 - ``diloco``: ``dedloc_core.diloco``; an inner step is this peer's share of the sync global batch
   (``sync_target_batch / peers`` samples), ``--inner-steps`` (H) of them per round, deltas averaged
-  with ``--compression``. Peers train ``--rounds`` rounds; that sets the samples for both phases.
+  with ``--compression``, applied by the outer SGD (``--outer-lr``, ``--outer-momentum``; default:
+  the catalog's DilocoParams). Peers train ``--rounds`` rounds; that sets the samples for both
+  phases. ``--modes diloco`` runs one phase only (no ratios).
 
 Each peer reports, once it has trained the samples (in DiLoCo mode, once its last sync has been
 applied): the eval loss of its model (the outer model in DiLoCo mode) on the shipped eval text,
@@ -66,6 +69,10 @@ def run_peer(args: argparse.Namespace) -> None:
     from dedloc_core.recipes import load_recipe
 
     swarm.prepare_process()
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("dedloc_core").setLevel(logging.INFO)  # DiLoCo rounds: how each ended
     torch.set_num_threads(1)
     recipe = load_recipe("tiny-lm", parse_model(args.model))
     model = recipe.build_model(seed=0)
@@ -81,7 +88,8 @@ def run_peer(args: argparse.Namespace) -> None:
     else:
         from dedloc_core.diloco import DilocoOptimizer
 
-        params = DilocoParams(inner_steps=args.inner_steps, compression=args.compression)
+        params = DilocoParams(inner_steps=args.inner_steps, compression=args.compression, outer_lr=args.outer_lr,
+                              outer_momentum=args.outer_momentum, resync_every=args.resync_every)
         opt = DilocoOptimizer(dht, cfg.run_id, model, recipe, params, batch_size=args.batch,
                               matchmaking_time=cfg.matchmaking_time, averaging_timeout=cfg.averaging_timeout)
     batches = recipe.batches([], args.batch, seed=args.seed)
@@ -108,8 +116,12 @@ def run_peer(args: argparse.Namespace) -> None:
             wall = time.monotonic() - began
             sent, received = hivemind_patches.traffic()
             if args.mode == "diloco":  # wait for the last sync, evaluate the outer model the swarm agrees on
-                while True:  # finish the running sync and any round that is due; no more inner steps
-                    if opt._sync is not None:
+                while True:  # finish the running sync, a resync, and any round that is due; no more inner steps
+                    if opt._resync is not None:
+                        if opt._resync.done():
+                            opt._finish_resync()
+                        time.sleep(0.05)
+                    elif opt._sync is not None:
                         if opt._sync.done():
                             opt._finish_sync()
                         time.sleep(0.05)
@@ -124,15 +136,17 @@ def run_peer(args: argparse.Namespace) -> None:
                     for p, o in zip(opt.params, opt.outer_params, strict=True):
                         p.copy_(o)
                 eval_loss = recipe.evaluate(model, [])
+                digest = opt.outer_digest()
                 with torch.no_grad():
                     for p, x in zip(opt.params, local, strict=True):
                         p.copy_(x)
             else:
                 eval_loss = recipe.evaluate(model, [])
+                digest = []
             Path(args.out).write_text(json.dumps(dict(
                 samples=samples, eval_loss=eval_loss, bytes_sent=sent - sent0, bytes_received=received - received0,
                 wall=wall,
-                compute=compute, rounds=opt.local_epoch)))
+                compute=compute, rounds=opt.local_epoch, outer_digest=digest)))
     opt.shutdown()
     dht.shutdown()
 
@@ -198,7 +212,8 @@ def run_phase(mode: str, args: argparse.Namespace, work: Path) -> list[dict]:
                 "--seed", str(i + 1), "--model", args.model, "--batch", str(batch),
                 "--samples", str(args.samples), "--sync-target-batch", str(args.sync_target_batch),
                 "--inner-steps", str(args.inner_steps), "--compression", args.compression,
-                "--matchmaking-time", str(args.matchmaking_time)]
+                "--matchmaking-time", str(args.matchmaking_time), "--outer-lr", str(args.outer_lr),
+                "--outer-momentum", str(args.outer_momentum), "--resync-every", str(args.resync_every)]
         if args.lab:
             argv += ["--lab", args.lab]
         if i:
@@ -257,6 +272,12 @@ def main() -> None:
     ap.add_argument("--inner-steps", type=int, default=100)
     ap.add_argument("--samples", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--compression", default="8bit", choices=["none", "fp16", "8bit"])
+    ap.add_argument("--outer-lr", type=float, default=None, help="DiLoCo outer lr (default: the catalog's)")
+    ap.add_argument("--outer-momentum", type=float, default=None,
+                    help="DiLoCo outer Nesterov momentum, 0 for none (default: the catalog's)")
+    ap.add_argument("--resync-every", type=int, default=None,
+                    help="DiLoCo rounds between outer-model resyncs, 0 for none (default: the catalog's)")
+    ap.add_argument("--modes", default="sync,diloco", help="phases to run (both for the ratios)")
     ap.add_argument("--matchmaking-time", type=float, default=1.0, help="seconds, both modes")
     ap.add_argument("--lab", default=None, help="network-lab link profile: swarm (root; tests/netlab)")
     ap.add_argument("--timeout", type=float, default=900)
@@ -268,6 +289,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--initial", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from dedloc_core.catalog import DilocoParams
+
+    defaults = DilocoParams()
+    args.outer_lr = defaults.outer_lr if args.outer_lr is None else args.outer_lr
+    args.outer_momentum = defaults.outer_momentum if args.outer_momentum is None else args.outer_momentum
+    args.resync_every = defaults.resync_every if args.resync_every is None else args.resync_every
     if args.peer:
         run_peer(args)
         return
@@ -278,15 +305,23 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DEDLOC_HOME", str(work / "home"))
     with network(args):
-        figures = {mode: summarize(run_phase(mode, args, work)) for mode in ("sync", "diloco")}
+        results = {mode: run_phase(mode, args, work) for mode in args.modes.split(",")}
+    figures = {mode: summarize(r) for mode, r in results.items()}
     print(f"{args.peers} peers, {args.samples} samples each, model {args.model}; sync: micro-batch {args.batch}, "
           f"target batch {args.sync_target_batch}, fp16 gradients; diloco: inner batch "
           f"{args.sync_target_batch // args.peers}, H={args.inner_steps}, {args.compression} deltas, "
-          f"{args.rounds} rounds; network: {args.lab or 'loopback'}")
+          f"{args.rounds} rounds, outer lr {args.outer_lr} momentum {args.outer_momentum}, "
+          f"resync every {args.resync_every}; "
+          f"network: {args.lab or 'loopback'}")
     print(f"{'mode':8} {'eval loss':>10} {'bytes/sample':>13} {'wall s':>8} {'compute util':>13} {'rounds':>7}")
     for mode, f in figures.items():
         print(f"{mode:8} {f['eval_loss']:10.4f} {f['bytes_per_sample']:13.1f} {f['wall']:8.1f} "
               f"{f['utilization']:13.3f} {f['rounds']:7d}")
+    if "diloco" in results:  # every peer evaluates its own outer model: they should be (nearly) the same
+        print("diloco per-peer eval loss:", ", ".join(f"{r['eval_loss']:.4f}" for r in results["diloco"]),
+              "| outer digests:", "; ".join(",".join(f"{x:.4g}" for x in r["outer_digest"]) for r in results["diloco"]))
+    if set(figures) != {"sync", "diloco"}:
+        return
     ratio = figures["sync"]["bytes_per_sample"] / figures["diloco"]["bytes_per_sample"]
     loss = figures["diloco"]["eval_loss"] / figures["sync"]["eval_loss"]
     print(f"bytes per sample ratio sync/diloco: {ratio:.1f}, loss diloco/sync: {loss:.3f}")

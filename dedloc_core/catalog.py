@@ -240,12 +240,21 @@ class DataSource(_Model):
 class DilocoParams(_Model):
     """DiLoCo training (``mode: diloco``): ``inner_steps`` local optimizer steps (H), then the swarm
     averages the deltas from the last synced model, compressed by ``compression``, and an outer
-    Nesterov-momentum SGD (``outer_lr``, ``outer_momentum``) applies the average."""
+    SGD (``outer_lr``, Nesterov momentum ``outer_momentum``, none if 0) applies the average.
+
+    The defaults (lr 1.0, no momentum: the outer model becomes the average of the peers' models)
+    did best for tiny-lm over 3 and 10 rounds (bench/diloco_runs.md: 10 rounds, eval loss 1.57
+    against 1.94 with the DiLoCo paper's 0.7 / Nesterov 0.9, which it tuned over hundreds of
+    rounds); an experiment meant to run that long may set the paper's values."""
 
     inner_steps: int = Field(100, ge=1, le=100_000)
-    outer_lr: float = Field(0.7, gt=0, le=10)
-    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    outer_lr: float = Field(1.0, gt=0, le=10)
+    outer_momentum: float = Field(0.0, ge=0, lt=1)
     compression: Literal["none", "fp16", "8bit"] = "8bit"
+    # Every this many rounds each peer but the round's leader copies the leader's outer model
+    # (0: never). Lossy deltas (8-bit) give each peer a slightly different average every round, so
+    # the peers' outer models drift apart; this bounds the drift at the cost of one state download.
+    resync_every: int = Field(10, ge=0, le=100_000)
 
 
 class Experiment(_Model):

@@ -16,7 +16,18 @@ from typing import Any
 
 import torch
 from hivemind.averaging import DecentralizedAverager
-from hivemind.compression import CompressionBase, Float16Compression, NoCompression, Uniform8BitQuantization
+from hivemind.compression import (
+    CompressionBase,
+    Float16Compression,
+    NoCompression,
+    Uniform8BitQuantization,
+    deserialize_torch_tensor,
+)
+from hivemind.p2p import PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.utils import MPFuture
+from hivemind.utils.asyncio import aiter_with_timeout
+from hivemind.utils.streaming import combine_from_streaming
 
 logger = logging.getLogger(__name__)
 
@@ -82,3 +93,36 @@ class DeltaAverager(DecentralizedAverager):
         with self.get_tensors() as buffers:
             averaged = [b.clone() for b in buffers]
         return RoundResult({str(k): v for k, v in gathered.items()}, error), averaged
+
+    def download_state_from(self, peer: str, timeout: float) -> tuple[dict[str, Any], list[torch.Tensor]] | None:
+        """The state (metadata, tensors) of one given peer, or None. ``load_state_from_peers`` picks
+        the peer by its published priority; an outer-model resync needs one agreed peer."""
+        future = MPFuture()
+        self._outer_pipe.send(("_download_state_from", [], dict(peer=peer, timeout=timeout, future=future)))
+        try:
+            return future.result(timeout=timeout + 5)
+        except Exception:  # noqa: BLE001 - a resync that fails is retried at the next one
+            logger.warning("could not download the state of %s", peer, exc_info=True)
+            return None
+
+    async def _download_state_from(self, future: MPFuture, peer: str, timeout: float) -> None:
+        # hivemind's _load_state_from_peers (averaging/averager.py), for one given peer
+        try:
+            stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
+            stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
+            metadata, tensors, parts = None, [], []
+            async for message in aiter_with_timeout(stream, timeout=timeout):
+                if message.metadata:
+                    metadata = self.serializer.loads(message.metadata)
+                if message.tensor_part.dtype and parts:
+                    tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+                    parts = []
+                parts.append(message.tensor_part)
+            if parts:
+                tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+            future.set_result((metadata, tensors) if metadata else None)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("downloading the state of %s failed: %r", peer, exc)
+        finally:
+            if not future.done():
+                future.set_result(None)

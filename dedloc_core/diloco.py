@@ -7,23 +7,32 @@ The loop, per peer (``DilocoOptimizer.step`` after every micro-batch):
    delta (outer model minus local parameters, the "pseudo-gradient"; never the weights) goes into
    an all-reduce with the other peers (``delta_averaging.DeltaAverager``), compressed.
 3. The next inner steps start at once, so a slow uplink does not stall compute. When the average
-   arrives, the outer optimizer (SGD with Nesterov momentum) applies it to the outer model, and the
+   arrives, the outer optimizer (SGD, Nesterov momentum if any) applies it to the outer model, and the
    inner steps made meanwhile are carried over onto the new outer model (a one-step-stale update).
    The loop never waits for a sync: if one outlasts H more steps, the next starts when it ends (so
    pausing and stopping stay immediate).
 
 Joining and leaving: a newcomer downloads the outer model, outer momentum and round number from a
 peer, then joins the swarm's next sync at once with a zero update (weight ~0), so it never delays
-the round; from its first full round on it sends real deltas. After every round each peer knows the
+the round; from its first full round on it sends real deltas. A peer that joins before the swarm
+finished its first round (round 0) is a founder: it sends a real delta in round 0 (if the others'
+group forms without it, it finds itself behind and reloads, as any late peer). After every round each peer knows the
 rounds of its group (all-gathered): a peer that is behind (it missed rounds) reloads the outer state
 from the others instead of applying a stale average. A round whose all-reduce fails (a peer killed
 while reducing) is retried with the remaining peers from a fresh copy of the deltas. A peer that
 finds nobody else alive in the DHT applies its own delta.
+
+Drift: with lossy deltas (8-bit) hivemind's all-reduce gives every peer a slightly different
+average (each reduces its own part exactly but gets the others' parts through the codec), so the
+outer models drift apart by the codec's error every round (momentum carries it on). Every
+``resync_every`` rounds each peer of the group but its leader (the largest peer id of the group)
+downloads the leader's outer state and moves onto it, keeping its inner progress.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from concurrent.futures import Future
@@ -78,6 +87,9 @@ class DilocoOptimizer:
         self.contribute_zero = False
         self.last_contribution: str | None = None
         self._sync: Future[Outcome] | None = None
+        self._resync: Future[tuple[int, Any] | None] | None = None  # (round, downloaded leader state)
+        self.resyncs = 0
+        self.last_drift = 0.0  # relative distance to the leader's outer model at the last resync
         self._base: list[torch.Tensor] = []  # local parameters when the running sync was launched
         self._step_seconds = 0.0  # moving average of one inner step, for next_sync_in
         self._last_step = time.monotonic()
@@ -115,6 +127,8 @@ class DilocoOptimizer:
         self.samples_since_launch += self.batch_size
         if self._sync is not None and self._sync.done():
             self._finish_sync()
+        if self._resync is not None and self._resync.done():
+            self._finish_resync()
         if self._sync is None and (self.inner_steps >= self.cfg.inner_steps or self.contribute_zero):
             self._launch_sync()
         if now - self._published > max(5.0, self.averaging_timeout / 2):
@@ -207,6 +221,11 @@ class DilocoOptimizer:
                         outcome.kind, max(1, self.last_group_size if outcome.kind == "averaged" else 1),
                         self.last_contribution)
             self._carry(progress)
+            if (outcome.kind == "averaged" and self.cfg.resync_every and self.round % self.cfg.resync_every == 0
+                    and self.cfg.compression != "none" and self._resync is None):
+                leader = max(outcome.result.gathered)
+                if leader != self._peer_key:
+                    self._launch_resync(leader)
         elif outcome.kind == "behind":
             logger.info("DiLoCo round %d: the swarm is ahead; catching up", self.round)
             if not self._load_outer_state(self.averaging_timeout):
@@ -215,6 +234,56 @@ class DilocoOptimizer:
             logger.warning("DiLoCo round %d: no group within the timeout; training on", self.round)
             self.contribute_zero = self.last_contribution == "zero"
             self._carry(progress)
+
+    def _launch_resync(self, leader: str) -> None:
+        self._resync = future = Future()
+        round_ = self.round
+
+        def download() -> None:
+            deadline = time.monotonic() + self.averaging_timeout
+            try:
+                while not self._stop.is_set() and time.monotonic() < deadline:
+                    state = self.averager.download_state_from(leader, timeout=self.averaging_timeout)
+                    got = int(state[0].get("round", -1)) if state else -1
+                    if got >= round_:
+                        future.set_result((round_, state))
+                        return
+                    self._stop.wait(0.2)  # the leader has not applied this round yet
+                future.set_result(None)
+            except Exception:  # noqa: BLE001 - the next resync tries again
+                logger.exception("DiLoCo resync failed")
+                future.set_result(None)
+
+        threading.Thread(target=download, name="diloco-resync", daemon=True).start()
+
+    def _finish_resync(self) -> None:
+        """Move onto the leader's outer model (if it is still at the round we resync), keeping the
+        inner progress: local parameters (and the base of a running sync) shift by the same amount."""
+        assert self._resync is not None
+        found, self._resync = self._resync.result(), None
+        if found is None:
+            logger.info("DiLoCo round %d: no outer state from the leader; resync skipped", self.round)
+            return
+        round_, (metadata, tensors) = found
+        n = len(self.outer_params)
+        if int(metadata.get("round", -1)) != round_ or self.round != round_ or not self._valid_state(metadata, tensors):
+            logger.info("DiLoCo round %d: the leader's state is of another round; resync skipped", self.round)
+            return
+        with self._lock, torch.no_grad():
+            shifts = [value.to(o.dtype) - o for value, o in zip(tensors[:n], self.outer_params, strict=True)]
+            norm = math.sqrt(sum(float(o.float().pow(2).sum()) for o in self.outer_params)) or 1.0
+            self.last_drift = math.sqrt(sum(float(d.float().pow(2).sum()) for d in shifts)) / norm
+            for o, p, shift in zip(self.outer_params, self.params, shifts, strict=True):
+                o.add_(shift)
+                p.add_(shift)
+            for base, shift in zip(self._base, shifts, strict=False):
+                base.add_(shift)
+            for i, o in enumerate(self.outer_params):
+                if metadata.get("has_momentum"):
+                    self.outer.state[o]["momentum_buffer"] = tensors[n + i].to(o.dtype).clone()
+        self.resyncs += 1
+        logger.info("DiLoCo round %d: resynced the outer model with the leader (drift %.3g of its norm)",
+                    self.round, self.last_drift)
 
     def _outer_step(self, averaged: list[torch.Tensor]) -> None:
         with self._lock:
@@ -239,10 +308,16 @@ class DilocoOptimizer:
         with self._lock:
             buffers = [self.outer.state.get(p, {}).get("momentum_buffer") for p in self.outer_params]
             has_momentum = all(b is not None for b in buffers)
-            momentum = [b if b is not None and has_momentum else torch.zeros_like(p)
-                        for b, p in zip(buffers, self.outer_params, strict=True)]
-            return ({"round": self.round, "has_momentum": has_momentum},
-                    [p.clone() for p in self.outer_params] + [m.clone() for m in momentum])
+            momentum = [b.clone() for b in buffers] if has_momentum else []  # none to send without momentum
+            params = [p.clone() for p in self.outer_params]
+            return {"round": self.round, "has_momentum": has_momentum}, params + momentum
+
+    def _valid_state(self, metadata: dict[str, Any], tensors: list[torch.Tensor]) -> bool:
+        """Outer parameters, then (with momentum) the momentum buffers; older peers always sent both."""
+        n = len(self.outer_params)
+        counts = (2 * n,) if metadata.get("has_momentum") else (n, 2 * n)
+        return len(tensors) in counts and all(
+            t.shape == p.shape for t, p in zip(tensors, self.outer_params * 2, strict=False))
 
     def _load_outer_state(self, timeout: float) -> bool:
         if not self._other_rounds():
@@ -253,23 +328,25 @@ class DilocoOptimizer:
             return False
         metadata, tensors = loaded
         n = len(self.outer_params)
-        shapes = [p.shape for p in self.outer_params] * 2
-        if len(tensors) != 2 * n or any(t.shape != shape for t, shape in zip(tensors, shapes, strict=True)):
+        if not self._valid_state(metadata, tensors):
             logger.warning("DiLoCo: a peer sent an outer state of the wrong shape; ignored")
             return False
         with self._lock, torch.no_grad():
             for param, value in zip(self.outer_params, tensors[:n], strict=True):
                 param.copy_(value)
-            for param, value in zip(self.outer_params, tensors[n:], strict=True):
+            for i, param in enumerate(self.outer_params):
                 if metadata.get("has_momentum"):
-                    self.outer.state[param]["momentum_buffer"] = value.clone()
+                    self.outer.state[param]["momentum_buffer"] = tensors[n + i].clone()
                 else:
                     self.outer.state.pop(param, None)
             for param, outer in zip(self.params, self.outer_params, strict=True):
                 param.copy_(outer)
             self.round = int(metadata.get("round", 0))
         self.averager.state_sharing_priority = float(self.round)
-        self.contribute_zero = True  # join the next sync at once, with a zero update
+        # Join the next sync at once with a zero update, so a newcomer never delays a round; except
+        # in a swarm that has not finished a round yet (round 0, no momentum): there the newcomer is a
+        # founder like the others, and a zero update would throw away its share of the first round.
+        self.contribute_zero = self.round > 0 or bool(metadata.get("has_momentum"))
         self.inner_steps = self.samples_since_launch = 0
         self._announce()
         return True

@@ -260,7 +260,7 @@ class Session:
         return param is not None and param.device.type == "cuda"
 
     def _current_digest(self) -> list[float]:
-        epoch = self.optimizer.local_epoch
+        epoch = (self.optimizer.local_epoch, getattr(self.optimizer, "resyncs", 0))  # DiLoCo resyncs mid-round
         if self._digest[0] != epoch:
             self._digest = (epoch, self.param_digest(self.model))
         return self._digest[1]

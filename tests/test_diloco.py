@@ -18,6 +18,8 @@ from dedloc_core.protocol import Error, Log, Progress, State
 
 DILOCO = {"inner_steps": 30, "outer_lr": 0.7, "outer_momentum": 0.9, "compression": "8bit"}
 ROUND_LOG = re.compile(r"DiLoCo round (\d+) done \((\w+), group of (\d+), contributed a (\w+) update\)")
+RESYNC_LOG = re.compile(r"DiLoCo round (\d+): resynced the outer model with the leader "
+                        r"\(drift ([-+.e\d]+) of its norm\)")
 
 
 # ---- codecs and catalog (no swarm) ----------------------------------------------------------------
@@ -101,6 +103,7 @@ class Peer:
         self.states: list[State] = []
         self.errors: list[Error] = []
         self.rounds: list[tuple[int, str, int, str]] = []  # (round, how, group size, contribution)
+        self.resyncs: list[tuple[int, float]] = []  # (round, drift relative to the outer model's norm)
 
     def drain(self) -> None:
         while True:
@@ -119,6 +122,8 @@ class Peer:
                 self.errors.append(event)
             elif isinstance(event, Log) and (m := ROUND_LOG.search(event.message)):
                 self.rounds.append((int(m[1]), m[2], int(m[3]), m[4]))
+            elif isinstance(event, Log) and (m := RESYNC_LOG.search(event.message)):
+                self.resyncs.append((int(m[1]), float(m[2])))
 
     @property
     def maddrs(self) -> list[str]:
@@ -230,3 +235,27 @@ def test_killed_peer_does_not_stop_the_round_and_newcomer_sends_zero_first(spawn
     assert newcomer.rounds[0][3] == "zero", f"the newcomer's first update was not zero: {newcomer.rounds}"
     wait_until(everyone, lambda: len(agree(everyone, after=newcomer.rounds[0][0], codec="8bit")) >= 1, 120,
                "the newcomer and the swarm never shared a round")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("outer_lr", "outer_momentum"), [(0.7, 0.9), (1.0, 0.0)])  # with and without momentum
+def test_8bit_drift_between_peers_is_reset_by_the_periodic_resync(spawn_worker, corpus_server, outer_lr,
+                                                                  outer_momentum):
+    """8-bit deltas: each peer gets a slightly different average every round, so the outer models
+    drift apart; every ``resync_every`` rounds the peer that is not the group's leader moves onto
+    the leader's outer model, after which both report the very same digest for that round."""
+    opts = {"resync_every": 3, "outer_lr": outer_lr, "outer_momentum": outer_momentum}
+    first = join(spawn_worker, corpus_server, "d0", seed=1, **opts)
+    second = join(spawn_worker, corpus_server, "d1", initial_peers=first.maddrs, seed=2, **opts)
+    peers = [first, second]
+    wait_until(peers, lambda: min(p.round for p in peers) >= 7 and sum(len(p.resyncs) for p in peers) >= 2, 420,
+               "DiLoCo rounds or resyncs did not happen")
+    follower = next(p for p in peers if p.resyncs)
+    leader = next(p for p in peers if p is not follower)
+    assert not leader.resyncs, "both peers resynced: they disagree on who leads"
+    assert [r for r, _ in follower.resyncs][:2] == [3, 6], follower.resyncs
+    assert all(drift > 0 for _, drift in follower.resyncs), f"no drift to fix: {follower.resyncs}"
+    for r, _ in follower.resyncs[:2]:  # the last digest each reported for the round: after the resync
+        assert same(leader.digests()[r], follower.digests()[r], 1e-6), (
+            f"round {r}: {leader.digests()[r]} vs {follower.digests()[r]}")
+    agree(peers, after=1, codec="8bit")
