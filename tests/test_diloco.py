@@ -4,17 +4,16 @@ the delta codecs and the catalog's DiLoCo parameters."""
 from __future__ import annotations
 
 import math
-import queue
 import re
-import time
 
 import pytest
 import torch
 from conftest import start_command, tiny_experiment
+from swarmpeer import SwarmPeer, wait_until
 
 from dedloc_core.catalog import validate_catalog
 from dedloc_core.errors import CatalogError
-from dedloc_core.protocol import Error, Log, Progress, State
+from dedloc_core.protocol import Log
 
 DILOCO = {"inner_steps": 30, "outer_lr": 0.7, "outer_momentum": 0.9, "compression": "8bit"}
 ROUND_LOG = re.compile(r"DiLoCo round (\d+) done \((\w+), group of (\d+), contributed a (\w+) update\)")
@@ -94,47 +93,26 @@ def test_catalog_mode_defaults_to_sync_and_rejects_absurd_diloco_params():
 # ---- the swarm -----------------------------------------------------------------------------------
 
 
-class Peer:
-    """A DiLoCo worker and what it has said so far."""
+class Peer(SwarmPeer):
+    """A DiLoCo worker: also the rounds and resyncs its log reported."""
 
     def __init__(self, worker):
-        self.worker = worker
-        self.progress: list[Progress] = []
-        self.states: list[State] = []
-        self.errors: list[Error] = []
-        self.rounds: list[tuple[int, str, int, str]] = []  # (round, how, group size, contribution)
+        super().__init__(worker)
+        self.round_log: list[tuple[int, str, int, str]] = []  # (round, how, group size, contribution)
         self.resyncs: list[tuple[int, float]] = []  # (round, drift relative to the outer model's norm)
 
-    def drain(self) -> None:
-        while True:
-            try:
-                event = self.worker.events.get_nowait()
-            except queue.Empty:
-                return
-            if event is None:
-                self.worker.events.put(None)
-                return
-            if isinstance(event, Progress):
-                self.progress.append(event)
-            elif isinstance(event, State):
-                self.states.append(event)
-            elif isinstance(event, Error):
-                self.errors.append(event)
-            elif isinstance(event, Log) and (m := ROUND_LOG.search(event.message)):
-                self.rounds.append((int(m[1]), m[2], int(m[3]), m[4]))
-            elif isinstance(event, Log) and (m := RESYNC_LOG.search(event.message)):
-                self.resyncs.append((int(m[1]), float(m[2])))
-
-    @property
-    def maddrs(self) -> list[str]:
-        return next(s.maddrs for s in reversed(self.states) if s.maddrs)
+    def on_event(self, event) -> None:
+        if isinstance(event, Log) and (m := ROUND_LOG.search(event.message)):
+            self.round_log.append((int(m[1]), m[2], int(m[3]), m[4]))
+        elif isinstance(event, Log) and (m := RESYNC_LOG.search(event.message)):
+            self.resyncs.append((int(m[1]), float(m[2])))
 
     @property
     def round(self) -> int:
-        return self.progress[-1].local_epoch if self.progress else 0
+        return self.step
 
-    def digests(self) -> dict[int, list[float]]:
-        return {p.local_epoch: p.param_digest for p in self.progress if p.param_digest}
+    def describe(self) -> str:
+        return f"{super().describe()}, last rounds {self.round_log[-3:]}"
 
 
 def join(spawn_worker, server, name, initial_peers=None, seed=0, **diloco) -> Peer:
@@ -145,19 +123,6 @@ def join(spawn_worker, server, name, initial_peers=None, seed=0, **diloco) -> Pe
     peer = Peer(worker)
     wait_until([peer], lambda: any(s.state == "training" for s in peer.states), 90, "peer never started training")
     return peer
-
-
-def wait_until(peers, condition, timeout, message) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for peer in peers:
-            peer.drain()
-            fatal = [e for e in peer.errors if e.fatal]
-            assert not fatal, f"{fatal[0].title}: {fatal[0].message}"
-        if condition():
-            return
-        time.sleep(0.2)
-    pytest.fail(f"{message} (rounds: {[p.round for p in peers]}, logs: {[p.rounds[-3:] for p in peers]})")
 
 
 # Peers get the group's average up to the codec's error on (average - own delta): hivemind's
@@ -200,7 +165,7 @@ def test_two_diloco_peers_hold_the_same_outer_model_and_loss_falls(spawn_worker,
     assert all(p.progress[-1].next_sync_in is not None for p in peers)
     common = agree(peers, after=1, codec="fp16")
     assert len(common) >= 2, f"too few common rounds: {[sorted(p.digests()) for p in peers]}"
-    assert any(how == "averaged" and size == 2 for _, how, size, _ in second.rounds), second.rounds
+    assert any(how == "averaged" and size == 2 for _, how, size, _ in second.round_log), second.round_log
     own = first.digests()
     assert not same(own[min(own)], own[max(own)], 1e-2), "the outer model never changed"
     losses = [p.loss for p in first.progress if p.loss is not None]
@@ -229,11 +194,11 @@ def test_killed_peer_does_not_stop_the_round_and_newcomer_sends_zero_first(spawn
     newcomer = join(spawn_worker, corpus_server, "d3", initial_peers=second.maddrs, seed=4)
     joined_at = max(p.round for p in survivors)
     everyone = [first, second, newcomer]
-    wait_until(everyone, lambda: sum(c == "real" for *_, c in newcomer.rounds) >= 1, 180,
+    wait_until(everyone, lambda: sum(c == "real" for *_, c in newcomer.round_log) >= 1, 180,
                "the newcomer never contributed a real update")
     assert min(newcomer.digests()) >= joined_at - 1, "the newcomer did not load the swarm's outer model"
-    assert newcomer.rounds[0][3] == "zero", f"the newcomer's first update was not zero: {newcomer.rounds}"
-    wait_until(everyone, lambda: len(agree(everyone, after=newcomer.rounds[0][0], codec="8bit")) >= 1, 120,
+    assert newcomer.round_log[0][3] == "zero", f"the newcomer's first update was not zero: {newcomer.round_log}"
+    wait_until(everyone, lambda: len(agree(everyone, after=newcomer.round_log[0][0], codec="8bit")) >= 1, 120,
                "the newcomer and the swarm never shared a round")
 
 
