@@ -143,32 +143,32 @@ class Backbone:
 
         serve_dialback(dht)  # volunteers ask us whether we can reach them
         metrics.add_validators(dht, exp.run_id)
-        opt = swarm.build_optimizer(dht, cfg, model, recipe)
+        keeper = _keeper(exp, dht, cfg, model, recipe)
+        opt = keeper.opt
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: self.stop.set())
         checkpoint = Checkpoint(self.run_dir / "checkpoint.pt", torch)
-        checkpoint.restore(model, opt)
+        checkpoint.restore(model, keeper)
         recorder = Recorder(self.run_dir, self.view)
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
         self._write_ready({"peer_id": str(dht.peer_id), "maddrs": maddrs, "http_url": http_url,
-                           "run_id": exp.run_id, "pid": os.getpid(), "epoch": opt.local_epoch})
-        logger.info("Backbone up: %s", " ".join(maddrs))
+                           "run_id": exp.run_id, "pid": os.getpid(), "epoch": opt.local_epoch, "mode": exp.mode})
+        logger.info("Backbone up (%s mode): %s", exp.mode, " ".join(maddrs))
         last_saved = opt.local_epoch
         next_record = 0.0
         try:
             while not self.stop.wait(self.args.poll):
-                if opt.tracker.global_epoch > opt.local_epoch:
-                    opt.load_state_from_peers()
+                if keeper.catch_up():
                     logger.info("Caught up with global step %d", opt.local_epoch)
                 if opt.local_epoch >= last_saved + self.args.checkpoint_every:
-                    checkpoint.save(model, opt)
+                    checkpoint.save(model, keeper)
                     last_saved = opt.local_epoch
                 if time.monotonic() >= next_record:
-                    recorder.record(opt, metrics.fetch(dht, exp.run_id))
+                    recorder.record(keeper.step(), keeper.num_peers(), metrics.fetch(dht, exp.run_id))
                     next_record = time.monotonic() + RECORD_PERIOD
         finally:
             if opt.local_epoch > last_saved:
-                checkpoint.save(model, opt)
+                checkpoint.save(model, keeper)
             opt.shutdown()
             dht.shutdown()
             from .training import kill_children
@@ -186,34 +186,94 @@ class Checkpoint:
     def __init__(self, path: Path, torch):
         self.path, self.torch = path, torch
 
-    def save(self, model, opt) -> None:
+    def save(self, model, keeper) -> None:
         buf = tempfile.NamedTemporaryFile(dir=self.path.parent, prefix=".ckpt.", delete=False)
         try:
             with buf:
-                self.torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                 "epoch": opt.local_epoch}, buf)
+                self.torch.save({"model": model.state_dict(), "optimizer": keeper.opt.state_dict(),
+                                 "epoch": keeper.opt.local_epoch, "mode": keeper.mode}, buf)
                 buf.flush()
                 os.fsync(buf.fileno())
             os.replace(buf.name, self.path)
         except BaseException:
             Path(buf.name).unlink(missing_ok=True)
             raise
-        logger.info("Checkpoint saved at global step %d", opt.local_epoch)
+        logger.info("Checkpoint saved at global step %d", keeper.opt.local_epoch)
 
-    def restore(self, model, opt) -> None:
+    def restore(self, model, keeper) -> None:
         if not self.path.exists():
             return
         try:
             state = self.torch.load(self.path, map_location="cpu", weights_only=True)
+            if state.get("mode", "sync") != keeper.mode:
+                raise ValueError(f"it was written in {state.get('mode', 'sync')} mode")
             model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
+            keeper.opt.load_state_dict(state["optimizer"])
         except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
             logger.error("Ignoring unreadable checkpoint %s: %s", self.path, exc)
             return
-        opt.state_averager.local_epoch = state["epoch"]
-        opt.tracker.update_epoch(state["epoch"])
-        opt.state_averager.state_sharing_priority = state["epoch"]
+        keeper.restored(state["epoch"])
         logger.info("Restored checkpoint at global step %d", state["epoch"])
+
+
+def _keeper(exp, dht, cfg, model, recipe):
+    if exp.mode == "diloco":
+        return DilocoKeeper(exp, dht, cfg, model, recipe)
+    return SyncKeeper(dht, cfg, model, recipe)
+
+
+class SyncKeeper:
+    """Follows a synchronous (DeDLOC) swarm with a hivemind.Optimizer that never steps."""
+
+    mode = "sync"
+
+    def __init__(self, dht, cfg, model, recipe):
+        from . import swarm
+
+        self.opt = swarm.build_optimizer(dht, cfg, model, recipe)
+
+    def catch_up(self) -> bool:
+        if self.opt.tracker.global_epoch > self.opt.local_epoch:
+            self.opt.load_state_from_peers()
+            return True
+        return False
+
+    def step(self) -> int:
+        return max(self.opt.tracker.global_epoch, self.opt.local_epoch)
+
+    def num_peers(self) -> int:
+        return self.opt.tracker.global_progress.num_peers
+
+    def restored(self, epoch: int) -> None:
+        self.opt.state_averager.local_epoch = epoch
+        self.opt.tracker.update_epoch(epoch)
+        self.opt.state_averager.state_sharing_priority = epoch
+
+
+class DilocoKeeper:
+    """Follows a DiLoCo swarm's outer model (``DilocoOptimizer`` as a follower: it never trains, never
+    joins a round, and does not announce itself, so no round waits for it); serves it to newcomers."""
+
+    mode = "diloco"
+
+    def __init__(self, exp, dht, cfg, model, recipe):
+        from .diloco import DilocoOptimizer
+
+        self.opt = DilocoOptimizer(dht, exp.run_id, model, recipe, exp.diloco, batch_size=exp.batch_size_per_step,
+                                   matchmaking_time=cfg.matchmaking_time, averaging_timeout=cfg.averaging_timeout,
+                                   follower=True)
+
+    def catch_up(self) -> bool:
+        return self.opt.follow()
+
+    def step(self) -> int:
+        return self.opt.local_epoch
+
+    def num_peers(self) -> int:
+        return self.opt.swarm_size()
+
+    def restored(self, epoch: int) -> None:
+        pass  # load_state_dict set the round
 
 
 class Recorder:
@@ -228,12 +288,11 @@ class Recorder:
         self.last_step = -1
         self.seen: dict[str, tuple[int, int]] = {}
 
-    def record(self, opt, peers) -> None:
-        step = max(opt.tracker.global_epoch, opt.local_epoch)
+    def record(self, step: int, num_peers: int, peers) -> None:
         now = time.time()
         if step != self.last_step:
             losses = [p.loss for p in peers if p.loss is not None]
-            entry = {"time": now, "step": step, "num_peers": opt.tracker.global_progress.num_peers,
+            entry = {"time": now, "step": step, "num_peers": num_peers,
                      "samples_per_second": round(sum(p.samples_per_second for p in peers), 3),
                      "loss": round(sum(losses) / len(losses), 5) if losses else None}
             with self.curve.open("a") as f:
@@ -242,8 +301,7 @@ class Recorder:
             if self.view is not None:
                 self.view.add_point(entry)
         if self.view is not None:
-            self.view.set_status(step, sum(p.samples_per_second for p in peers),
-                                 opt.tracker.global_progress.num_peers)
+            self.view.set_status(step, sum(p.samples_per_second for p in peers), num_peers)
             for p in peers:
                 self.view.add_record(p.peer_id, p.display_name, p.samples, p.compute_seconds, p.time)
         fresh = [p for p in peers if self.seen.get(p.peer_id) != (p.step, p.samples)]

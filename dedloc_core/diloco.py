@@ -67,8 +67,9 @@ class DilocoOptimizer:
 
     def __init__(self, dht, run_id: str, model: torch.nn.Module, recipe, params, *, batch_size: int,
                  matchmaking_time: float, averaging_timeout: float, client_mode: bool = False,
-                 load_state_timeout: float = 30.0):
+                 load_state_timeout: float = 30.0, follower: bool = False):
         self.dht, self.run_id, self.cfg = dht, run_id, params
+        self.follower = follower  # the backbone: follows the outer model, never trains or averages
         self.batch_size = batch_size
         self.matchmaking_time, self.averaging_timeout = matchmaking_time, averaging_timeout
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -145,6 +146,33 @@ class DilocoOptimizer:
         with self._lock, torch.no_grad():
             flat = torch.cat([p.reshape(-1).float() for p in self.outer_params])
         return [float(flat.sum()), float(flat.abs().sum()), float(flat[:: max(1, flat.numel() // 7)].sum())]
+
+    def follow(self, timeout: float = 30.0) -> bool:
+        """For a follower: load the outer state when the swarm is at a later round than ours."""
+        others = self._other_rounds()
+        if others and max(others.values()) > self.round:
+            return self._load_outer_state(timeout)
+        return False
+
+    def swarm_size(self) -> int:
+        """Peers that announced their round lately (this one not counted)."""
+        return len(self._other_rounds())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The outer model, outer optimizer and round (for checkpoints)."""
+        with self._lock:
+            return {"round": self.round, "outer_params": [p.clone() for p in self.outer_params],
+                    "outer": self.outer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self._lock, torch.no_grad():
+            for param, value in zip(self.outer_params, state["outer_params"], strict=True):
+                param.copy_(value)
+            self.outer.load_state_dict(state["outer"])
+            for param, outer in zip(self.params, self.outer_params, strict=True):
+                param.copy_(outer)
+            self.round = int(state["round"])
+        self.averager.state_sharing_priority = float(self.round)
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -352,8 +380,11 @@ class DilocoOptimizer:
         return True
 
     def _announce(self) -> None:
-        """Publish this peer's round in the DHT (how peers tell that they are alone or behind)."""
+        """Publish this peer's round in the DHT (how peers tell that they are alone or behind).
+        A follower does not: peers would count it as a member of the swarm."""
         self._published = time.monotonic()
+        if self.follower:
+            return
         ttl = max(30.0, 2 * self.averaging_timeout)
         self.dht.store(self._rounds_key, subkey=self._peer_key, value=self.round,
                        expiration_time=get_dht_time() + ttl, return_future=True)

@@ -3,8 +3,14 @@ the delta codecs and the catalog's DiLoCo parameters."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,6 +178,72 @@ def test_two_diloco_peers_hold_the_same_outer_model_and_loss_falls(spawn_worker,
     assert losses[-1] < losses[0] - 0.5, f"loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}"
     sent = first.progress[-1].bytes_sent
     assert sent > 0
+
+
+def start_backbone(experiment: dict, folder: Path):
+    """``dedloc backbone`` on loopback for ``experiment``: (process, its ready.json)."""
+    from netlab.peers import signed_catalog
+
+    catalog, key = signed_catalog(experiment, folder / "catalog")
+    ready = folder / "backbone" / "ready.json"
+    log = (folder / "backbone.log").open("w")
+    proc = subprocess.Popen([
+        sys.executable, "-m", "dedloc_core.backbone", "--experiment", experiment["id"], "--catalog", str(catalog),
+        "--trusted-key", str(key), "--run-dir", str(folder / "backbone"), "--ready-file", str(ready),
+        "--listen", "/ip4/127.0.0.1/tcp/0", "--http-port", "-1", "--poll", "1", "--checkpoint-every", "1"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home")})
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, (folder / "backbone.log").read_text()[-3000:]
+        time.sleep(0.3)
+    return proc, json.loads(ready.read_text())
+
+
+def tensors_digest(tensors: list[torch.Tensor]) -> list[float]:
+    """What ``DilocoOptimizer.outer_digest`` computes."""
+    flat = torch.cat([t.reshape(-1).float() for t in tensors])
+    return [float(flat.sum()), float(flat.abs().sum()), float(flat[:: max(1, flat.numel() // 7)].sum())]
+
+
+@pytest.mark.slow
+def test_the_backbone_follows_the_outer_model_without_joining_rounds(spawn_worker, corpus_server, tmp_path):
+    diloco = {**DILOCO, "compression": "fp16"}
+    exp = tiny_experiment(run_id="diloco_test", mode="diloco", diloco=diloco, matchmaking_time=2.0,
+                          averaging_timeout=20.0)
+    backbone, ready = start_backbone(exp, tmp_path)
+    try:
+        assert ready["mode"] == "diloco"
+        peers = [join(spawn_worker, corpus_server, f"d{i}", initial_peers=ready["maddrs"], seed=i + 1,
+                      compression="fp16") for i in range(2)]
+        checkpoint = tmp_path / "backbone" / "checkpoint.pt"
+
+        def checkpointed_round() -> int:
+            try:
+                return int(torch.load(checkpoint, weights_only=True)["epoch"]) if checkpoint.exists() else -1
+            except Exception:  # noqa: BLE001 - being replaced right now
+                return -1
+
+        wait_until(peers, lambda: min(p.round for p in peers) >= 3 and checkpointed_round() >= 2, 300,
+                   "the peers did not reach round 3 with the backbone's checkpoint at round 2")
+        state = torch.load(checkpoint, weights_only=True)
+        assert state["mode"] == "diloco"
+        r, ref = state["epoch"], peers[0].digests()
+        moved = distance(ref[r], ref[max(e for e in ref if e < r)])
+        gap = distance(tensors_digest(state["optimizer"]["outer_params"]), ref[r])
+        assert gap <= TOLERANCE["fp16"] * moved, f"the backbone's round {r} model is off by {gap:.4g} ({moved:.4g})"
+        # nobody waited for the backbone: every group was the two volunteers
+        sizes = {size for p in peers for _, how, size, _ in p.round_log if how == "averaged"}
+        assert sizes == {2}, sizes
+        curve_file = tmp_path / "backbone" / "learning_curve.jsonl"
+
+        def curve() -> list[dict]:
+            return [json.loads(line) for line in curve_file.read_text().splitlines()] if curve_file.exists() else []
+
+        wait_until(peers, lambda: any(e["step"] >= 2 for e in curve()), 60, "the learning curve did not reach round 2")
+        assert max(e["num_peers"] for e in curve()) == 2
+    finally:
+        backbone.terminate()
+        backbone.wait(30)
 
 
 @pytest.mark.slow

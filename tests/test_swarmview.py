@@ -13,17 +13,6 @@ from dedloc_core.httpserve import FileServer
 from dedloc_core.swarmview import SwarmUnavailable, SwarmView, fetch_summary, parse_summary
 
 
-class FakeProgress:  # what Recorder reads of hivemind's tracker: a thin double (no swarm needed here)
-    def __init__(self, epoch, peers):
-        self.global_epoch, self.global_progress = epoch, type("P", (), {"num_peers": peers})()
-
-
-class Opt:
-    def __init__(self, epoch, peers=2):
-        self.local_epoch = epoch
-        self.tracker = FakeProgress(epoch, peers)
-
-
 class Peer:
     def __init__(self, peer_id, samples, name="", loss=3.0, t=1000.0):
         self.peer_id, self.samples, self.display_name, self.loss, self.time = peer_id, samples, name, loss, t
@@ -33,9 +22,9 @@ class Peer:
 def test_leaderboard_adds_up_worker_sessions_and_survives_a_backbone_restart(tmp_path):
     view = SwarmView("run")
     rec = Recorder(tmp_path, view)
-    rec.record(Opt(1), [Peer("QmAlice1234567890", 100, "Alice"), Peer("QmBob1234567890", 40)])
-    rec.record(Opt(2), [Peer("QmAlice1234567890", 300, "Alice"), Peer("QmBob1234567890", 90)])
-    rec.record(Opt(3), [Peer("QmAlice1234567890", 50, "Alice"), Peer("QmBob1234567890", 90)])  # Alice restarted
+    rec.record(1, 2, [Peer("QmAlice1234567890", 100, "Alice"), Peer("QmBob1234567890", 40)])
+    rec.record(2, 2, [Peer("QmAlice1234567890", 300, "Alice"), Peer("QmBob1234567890", 90)])
+    rec.record(3, 2, [Peer("QmAlice1234567890", 50, "Alice"), Peer("QmBob1234567890", 90)])  # Alice restarted
     summary = view.summary(now=1001.0)
     assert [(c.name, c.samples, c.active) for c in summary.leaderboard] == [
         ("Alice", 350, True), ("…34567890", 90, True)]
