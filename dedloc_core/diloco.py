@@ -348,11 +348,12 @@ class DilocoOptimizer:
             t.shape == p.shape for t, p in zip(tensors, self.outer_params * 2, strict=False))
 
     def _load_outer_state(self, timeout: float) -> bool:
-        if not self._other_rounds():
-            return False
+        # with nobody training, a follower (the backbone) may still share the outer state it kept
+        active = bool(self._other_rounds())
         loaded = self.averager.load_state_from_peers(timeout=timeout)
         if loaded is None:
-            logger.warning("DiLoCo: could not download the outer state from the swarm")
+            if active:
+                logger.warning("DiLoCo: could not download the outer state from the swarm")
             return False
         metadata, tensors = loaded
         n = len(self.outer_params)

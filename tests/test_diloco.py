@@ -241,6 +241,15 @@ def test_the_backbone_follows_the_outer_model_without_joining_rounds(spawn_worke
 
         wait_until(peers, lambda: any(e["step"] >= 2 for e in curve()), 60, "the learning curve did not reach round 2")
         assert max(e["num_peers"] for e in curve()) == 2
+        # everyone leaves; once their round records expired, a newcomer resumes from the backbone's round
+        for p in peers:
+            p.worker.stop(timeout=15)
+        kept = checkpointed_round()
+        time.sleep(45)  # the peers' round records live max(30, 2 x averaging timeout) s
+        newcomer = join(spawn_worker, corpus_server, "d9", initial_peers=ready["maddrs"], seed=9, compression="fp16")
+        wait_until([newcomer], lambda: bool(newcomer.progress), 60, "the newcomer reported no progress")
+        assert newcomer.progress[0].local_epoch >= kept, (
+            f"the newcomer started at round {newcomer.progress[0].local_epoch}, not the backbone's {kept}")
     finally:
         backbone.terminate()
         backbone.wait(30)
