@@ -319,7 +319,7 @@ class Watchdog:
                 logger.warning("Lost contact with the swarm's initial peers")
             elif answered and self.lost_since is not None:
                 logger.warning("Back in touch with the swarm after %.0f s (relay addresses: %d)",
-                               time.monotonic() - self.lost_since, self._relay_addresses())
+                               time.monotonic() - self.lost_since, now_relays)
                 self.lost_since = None
                 self.rejoined.set()
 

@@ -21,7 +21,10 @@ from dedloc_core.catalog import validate_catalog
 from dedloc_core.errors import CatalogError
 from dedloc_core.protocol import Log
 
-DILOCO = {"inner_steps": 30, "outer_lr": 0.7, "outer_momentum": 0.9, "compression": "8bit"}
+# Nesterov momentum, but mild: at a steady delta the step is outer_lr / (1 - momentum) = 1.0 of it.
+# With 0.9 (7x) tiny-lm overshoots within a few rounds and its loss can end higher than it began
+# (bench/diloco_runs.md; one CI run went 5.53 -> 6.06); the resync test still runs 0.7/0.9.
+DILOCO = {"inner_steps": 30, "outer_lr": 0.7, "outer_momentum": 0.3, "compression": "8bit"}
 ROUND_LOG = re.compile(r"DiLoCo round (\d+) done \((\w+), group of (\d+), contributed a (\w+) update\)")
 RESYNC_LOG = re.compile(r"DiLoCo round (\d+): resynced the outer model with the leader "
                         r"\(drift ([-+.e\d]+) of its norm\)")
@@ -175,7 +178,8 @@ def test_two_diloco_peers_hold_the_same_outer_model_and_loss_falls(spawn_worker,
     own = first.digests()
     assert not same(own[min(own)], own[max(own)], 1e-2), "the outer model never changed"
     losses = [p.loss for p in first.progress if p.loss is not None]
-    assert losses[-1] < losses[0] - 0.5, f"loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}"
+    recent = sum(losses[-3:]) / len(losses[-3:])  # inner losses are noisy: the last three reports
+    assert recent < losses[0] - 0.5, f"loss did not fall: {losses[0]:.3f} -> {recent:.3f} ({losses[-6:]})"
     sent = first.progress[-1].bytes_sent
     assert sent > 0
 
