@@ -344,7 +344,7 @@ class Controller(QObject):
             sps = self.last_progress.samples_per_second if self.last_progress else 0.0
             text = f"Training {self.joined.recipe} · {sps:.0f} samples/s"
             p = self.last_progress
-            if ws.reachability and ws.reachability != "direct":  # "via relay", "outbound only"
+            if ws.reachability and ws.reachability != "direct":  # "via relay", "outbound only", "relay lost"
                 text += f" · {ws.reachability}"
             if p is not None and p.mode == "diloco" and p.next_sync_in is not None:
                 text += " · DiLoCo, " + ("syncing" if p.next_sync_in <= 0 else f"next sync in {p.next_sync_in:.0f} s")

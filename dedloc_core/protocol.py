@@ -97,7 +97,7 @@ class State(_Message):
     reason: str = ""
     peer_id: str | None = None
     maddrs: list[str] = []
-    reachability: str | None = None  # "direct", "via relay" or "outbound only" once joined
+    reachability: str | None = None  # "direct", "via relay", "relay lost" or "outbound only" once joined
 
 
 class Progress(_Message):

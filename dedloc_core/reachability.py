@@ -7,8 +7,10 @@ the peer listens on, from its own side of the network; the existing libp2p conne
 answer that question, since it was opened by the peer. If one connection succeeds the peer is
 **direct**. Otherwise it restarts its DHT with the backbone as its circuit relay (hivemind's
 ``use_relay``/``use_auto_relay`` with ``trusted_relays``) and waits for a ``/p2p-circuit``
-address: **via relay**. If none comes, it restarts in hivemind's client mode: **outbound only**;
-it still sends and receives gradients over the connections it opens itself.
+address: **via relay** (if the reservation is lost later, say the backbone restarts or the link was
+down, the worker reports **relay lost**: p2pd's autorelay drops a static relay on disconnection and
+never asks it again, go-libp2p issue #1782). If none comes, it restarts in hivemind's client mode:
+**outbound only**; it still sends and receives gradients over the connections it opens itself.
 
 A peer whose addresses are all loopback (a local swarm, the tests on 127.0.0.1) is "direct" without
 asking. Volunteers never relay for others (``hivemind_patches`` patch 5); the backbone does.
@@ -29,6 +31,7 @@ from hivemind.utils.multiaddr import Multiaddr
 logger = logging.getLogger(__name__)
 
 DIRECT, VIA_RELAY, OUTBOUND_ONLY = "direct", "via relay", "outbound only"
+RELAY_LOST = "relay lost"  # joined via relay, but the reservation is gone (p2pd does not renew it)
 DIALBACK = "dedloc.dialback"
 DIAL_TIMEOUT = 3.0
 MAX_DIAL_ADDRS = 8
@@ -158,7 +161,12 @@ def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 10.0, relay_tri
     # not reachable: a reservation on the backbone's relay, else outbound only. A reservation comes
     # within a second or two, or not at all from that daemon (seen under load): a fresh daemon retries.
     for attempt in range(1, relay_tries + 1):
-        dht = _start_relayed(cfg, start_dht)
+        try:
+            dht = _start_relayed(cfg, start_dht)
+        except Exception as exc:  # noqa: BLE001 - seen once: "failed to connect to bootstrap peers"
+            logger.warning("A relayed daemon did not start (try %d of %d): %s", attempt, relay_tries, exc)
+            time.sleep(1.0)
+            continue
         if _wait_for_relay_address(dht, relay_wait):
             return dht, VIA_RELAY
         logger.warning("No relay address after %.0f s (try %d of %d)", relay_wait, attempt, relay_tries)

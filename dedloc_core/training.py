@@ -106,10 +106,12 @@ class Session:
         self.peer_id = str(self.dht.peer_id)
         self.maddrs = [str(m) for m in self.dht.get_visible_maddrs(latest=True)]
         logger.info("Joined run %s as %s", exp.run_id, self.peer_id)
-        from .reachability import only_loopback
+        from .reachability import VIA_RELAY, only_loopback
 
         # on loopback no link goes down; elsewhere a watchdog finds the swarm again after an outage
-        self._watchdog = Watchdog(self.dht, [] if only_loopback(cfg.host_maddrs) else cfg.initial_peers)
+        self._watchdog = Watchdog(self.dht, [] if only_loopback(cfg.host_maddrs) else cfg.initial_peers,
+                                  relayed=self.reachability == VIA_RELAY)
+        self._reported_reachability = self.reachability
         return self
 
     def __exit__(self, *exc) -> None:
@@ -149,7 +151,16 @@ class Session:
     def _state(self, state: str, reason: str) -> None:
         peer_id = getattr(self, "peer_id", None)
         self.channel.send(State(state=state, reason=reason, peer_id=peer_id, maddrs=getattr(self, "maddrs", []),
-                                reachability=getattr(self, "reachability", None)))
+                                reachability=self._reachability()))
+
+    def _reachability(self) -> str | None:
+        """How others reach us now: as joined, unless the relay reservation we joined with is lost."""
+        from .reachability import RELAY_LOST, VIA_RELAY
+
+        reach, watchdog = getattr(self, "reachability", None), getattr(self, "_watchdog", None)
+        if reach == VIA_RELAY and watchdog is not None and not watchdog.relay_ok:
+            return RELAY_LOST
+        return reach
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -178,6 +189,9 @@ class Session:
             value = float(loss.detach())
             if math.isfinite(value):
                 self.loss_ema = value if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * value
+            if self._reachability() != self._reported_reachability:  # the relay went or came back
+                self._reported_reachability = self._reachability()
+                self._state("training", f"Training {self.experiment.recipe}")
             if time.monotonic() >= next_report or opt.local_epoch != self._digest[0]:
                 self._report()  # periodically, and at every new global step
                 next_report = time.monotonic() + self.start.progress_period
@@ -236,7 +250,7 @@ class Session:
                 param_digest=self._current_digest(),
                 mode=self.experiment.mode,
                 **swarm_fields,
-                reachability=self.reachability,
+                reachability=self._reachability(),
             )
         )
         self.channel.send(
@@ -288,15 +302,17 @@ class Watchdog:
     """Pings the initial peers (the backbone) every ``period`` seconds from a thread. After the link
     was down, the first ping that gets through puts the backbone back in the routing table, and
     through it the swarm; ``rejoined`` tells the training loop to load the swarm's current state
-    (it took steps with local gradients while alone)."""
+    (it took steps with local gradients while alone). For a peer that joined ``relayed``,
+    ``relay_ok`` says whether its ``/p2p-circuit`` addresses are still there."""
 
-    def __init__(self, dht, initial_peers: list[str], period: float = 5.0):
+    def __init__(self, dht, initial_peers: list[str], period: float = 5.0, relayed: bool = False):
         import threading
 
         from . import reachability
 
         self.dht, self.peers, self.period = dht, list(initial_peers), period
         self.ping = reachability.ping_initial_peers
+        self.relayed, self.relay_ok = relayed, True
         self.lost_since: float | None = None
         self.rejoined = threading.Event()
         self._stop = threading.Event()
@@ -313,6 +329,8 @@ class Watchdog:
             if now_relays != relays:
                 logger.warning("Relay addresses: %d -> %d", relays, now_relays)
                 relays = now_relays
+            if self.relayed and now_relays >= 0:  # -1: p2pd did not answer, nothing learned
+                self.relay_ok = now_relays > 0
             misses = 0 if answered else misses + 1
             if misses == 2 and self.lost_since is None:  # one slow ping on a busy machine is no loss
                 self.lost_since = time.monotonic() - self.period

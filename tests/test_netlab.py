@@ -11,7 +11,7 @@ from netlab.peers import Backbone, Peer, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-NATED = ("via relay", "outbound only")
+NATED = ("via relay", "relay lost", "outbound only")
 
 
 def experiment() -> dict:
@@ -50,7 +50,7 @@ def test_lab_nat_blocks_inbound(netlab):
 
 
 def test_nated_volunteer_joins_through_backbone(netlab, tmp_path):
-    _, pub, (home,) = swarm(netlab, tmp_path, homes=1)
+    backbone, pub, (home,) = swarm(netlab, tmp_path, homes=1)
     peers = [pub, home]
     wait_until(peers, lambda: all(p.progress for p in peers), 150, "a peer reported no progress")
     assert pub.reachability == "direct"
@@ -60,6 +60,11 @@ def test_nated_volunteer_joins_through_backbone(netlab, tmp_path):
                240, "the global step did not advance with the NATed volunteer averaging")
     assert max(p.progress[-1].num_peers for p in peers) >= 2
     assert home.progress[-1].reachability in NATED
+    # the relay goes away (the backbone stops): the volunteer no longer claims to be reachable through it
+    assert home.reachability == "via relay", f"{home.reachability}: {home.maddrs}"
+    backbone.proc.terminate()
+    wait_until(peers, lambda: home.reachability == "relay lost", 60, "the volunteer still says 'via relay'")
+    wait_until(peers, lambda: home.progress[-1].reachability == "relay lost", 10, "progress still says 'via relay'")
 
 
 def test_without_a_relay_a_nated_volunteer_joins_outbound_only_and_contributes(netlab, tmp_path):

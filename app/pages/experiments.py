@@ -173,6 +173,8 @@ CONNECTION = {
     "direct": "direct (other volunteers can reach this computer)",
     "via relay": "via the backbone's relay (this computer is behind a router that blocks incoming connections)",
     "outbound only": "outbound only (no relay could be used; this computer still sends its gradients)",
+    "relay lost": ("relay lost (the backbone's relay dropped this computer; it still contributes over the "
+                   "connections it opens, but other volunteers cannot reach it)"),
 }
 
 
