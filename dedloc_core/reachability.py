@@ -9,7 +9,8 @@ answer that question, since it was opened by the peer. If one connection succeed
 ``use_relay``/``use_auto_relay`` with ``trusted_relays``) and waits for a ``/p2p-circuit``
 address: **via relay** (if the reservation is lost later, say the backbone restarts or the link was
 down, the worker reports **relay lost**: p2pd's autorelay drops a static relay on disconnection and
-never asks it again, go-libp2p issue #1782). If none comes, it restarts in hivemind's client mode:
+never asks it again, go-libp2p issue #1782; the training session then restarts, see
+``training.Watchdog.relay_gone``). If none comes, it restarts in hivemind's client mode:
 **outbound only**; it still sends and receives gradients over the connections it opens itself.
 
 A peer whose addresses are all loopback (a local swarm, the tests on 127.0.0.1) is "direct" without

@@ -28,14 +28,18 @@ METRICS_PERIOD = 5.0  # seconds between metrics records in the DHT
 class Session:
     """Owns the DHT, the Optimizer and the model of one experiment; stops them on exit."""
 
-    def __init__(self, start: Start, control: Control, channel: EventChannel):
+    def __init__(self, start: Start, control: Control, channel: EventChannel, carried: dict | None = None):
         self.start, self.control, self.channel = start, control, channel
         self.dht = self.optimizer = self.model = None
-        self.samples = 0
-        self.compute_seconds = 0.0
-        self.paused_seconds = 0.0
+        carried = carried or {}  # the totals of an earlier session of this worker (see ``rejoin``)
+        self.samples = carried.get("samples", 0)
+        self.compute_seconds = carried.get("compute_seconds", 0.0)
+        self.paused_seconds = carried.get("paused_seconds", 0.0)
+        self._carried_rounds = carried.get("rounds", 0)
+        self._carried_averaging = carried.get("averaging_seconds", 0.0)
+        self.rejoin = False  # set when this session ends only to start a fresh one (a lost relay)
         self.loss_ema: float | None = None
-        self._window = (time.monotonic(), 0, 0.0)  # (time, samples, compute) at last progress
+        self._window = (time.monotonic(), self.samples, self.compute_seconds)  # at the last progress
         self._digest: tuple[int, list[float]] = (-1, [])
         self._next_publish = 0.0
         self.on_gpu = False
@@ -148,6 +152,13 @@ class Session:
             return False
         return self.control.paused.is_set() or (self.on_gpu and self.limits.use_gpu is False)
 
+    def totals(self) -> dict:
+        """What a follow-up session carries on: the Stats totals are per worker process."""
+        opt = self.optimizer
+        return dict(samples=self.samples, compute_seconds=self.compute_seconds, paused_seconds=self.paused_seconds,
+                    rounds=self._carried_rounds + (opt.rounds_joined if opt is not None else 0),
+                    averaging_seconds=self._carried_averaging + (opt.averaging_seconds if opt is not None else 0.0))
+
     def _state(self, state: str, reason: str) -> None:
         peer_id = getattr(self, "peer_id", None)
         self.channel.send(State(state=state, reason=reason, peer_id=peer_id, maddrs=getattr(self, "maddrs", []),
@@ -178,6 +189,10 @@ class Session:
                 continue
             if self._watchdog.rejoined.is_set():
                 self._reload_state()
+            if self._watchdog.relay_gone():
+                logger.warning("The relay reservation is gone and p2pd does not renew it: rejoining the swarm")
+                self.rejoin = True
+                break
             began = time.perf_counter()
             batch = next(self.batches)
             loss = self.recipe.loss(self.model, batch)
@@ -257,11 +272,11 @@ class Session:
             Stats(
                 samples=self.samples,
                 compute_seconds=self.compute_seconds,
-                rounds=opt.rounds_joined,
+                rounds=self._carried_rounds + opt.rounds_joined,
                 bytes_sent=sent,
                 bytes_received=received,
                 paused_seconds=self.paused_seconds,
-                averaging_seconds=opt.averaging_seconds,
+                averaging_seconds=self._carried_averaging + opt.averaging_seconds,
                 device="gpu" if self._on_gpu() else "cpu",
             )
         )
@@ -305,14 +320,16 @@ class Watchdog:
     (it took steps with local gradients while alone). For a peer that joined ``relayed``,
     ``relay_ok`` says whether its ``/p2p-circuit`` addresses are still there."""
 
-    def __init__(self, dht, initial_peers: list[str], period: float = 5.0, relayed: bool = False):
+    def __init__(self, dht, initial_peers: list[str], period: float = 5.0, relayed: bool = False,
+                 relay_grace: float = 20.0):
         import threading
 
         from . import reachability
 
         self.dht, self.peers, self.period = dht, list(initial_peers), period
         self.ping = reachability.ping_initial_peers
-        self.relayed, self.relay_ok = relayed, True
+        self.relayed, self.relay_ok, self.relay_grace = relayed, True, relay_grace
+        self._relay_lost_since: float | None = None  # relay addresses gone while the backbone answers
         self.lost_since: float | None = None
         self.rejoined = threading.Event()
         self._stop = threading.Event()
@@ -331,6 +348,10 @@ class Watchdog:
                 relays = now_relays
             if self.relayed and now_relays >= 0:  # -1: p2pd did not answer, nothing learned
                 self.relay_ok = now_relays > 0
+                if self.relay_ok or not answered:
+                    self._relay_lost_since = None
+                elif self._relay_lost_since is None:
+                    self._relay_lost_since = time.monotonic()
             misses = 0 if answered else misses + 1
             if misses == 2 and self.lost_since is None:  # one slow ping on a busy machine is no loss
                 self.lost_since = time.monotonic() - self.period
@@ -340,6 +361,13 @@ class Watchdog:
                                time.monotonic() - self.lost_since, now_relays)
                 self.lost_since = None
                 self.rejoined.set()
+
+    def relay_gone(self) -> bool:
+        """The backbone answers but our relay addresses have been gone for ``relay_grace`` s: p2pd's
+        autorelay never asks a static relay again after a disconnection (go-libp2p #1782), so only
+        a fresh daemon gets a reservation back."""
+        since = self._relay_lost_since
+        return since is not None and time.monotonic() - since >= self.relay_grace
 
     def _relay_addresses(self) -> int:
         try:

@@ -198,8 +198,14 @@ def run(control: Control, channel: EventChannel) -> int:
         check_experiment(command.experiment)  # fail fast, before loading torch and hivemind
         from .training import Session  # imports torch and hivemind
 
-        with Session(command, control, channel) as session:
-            session.train()
+        carried = None
+        while True:
+            with Session(command, control, channel, carried) as session:
+                session.train()
+            if not session.rejoin or control.stop.is_set():
+                break
+            carried = session.totals()  # a fresh session: a new p2pd, the swarm's current state
+            command = command.model_copy(update={"start_paused": False})
         channel.send(State(state="stopped", reason="Stopped"))
         return 0
     except DedlocError as exc:

@@ -107,6 +107,13 @@ def test_cut_link_recovers(netlab, tmp_path):
     rounds_before = home.rounds
     wait_until(peers, lambda: home.rounds > rounds_before and abs(home.step - pub.step) <= 1, 240,
                "the NATed volunteer did not contribute again after rejoining")
+    # the cut cost it its relay reservation, which p2pd never renews: the worker starts a fresh
+    # session (a new daemon) and is reachable through the relay again
+    wait_until(peers, lambda: "rejoining the swarm" in home.log_tail(10**7), 120, "the relay was never found gone")
+    wait_until(peers, lambda: home.progress[-1].reachability == "via relay" and "rejoining the swarm"
+               in home.log_tail(10**7), 180, "the volunteer did not get a relay reservation back")
+    rounds_before = home.rounds
+    wait_until(peers, lambda: home.rounds > rounds_before, 240, "the volunteer did not contribute after its restart")
 
 
 def p2pnode(netlab, host, *args: str):
