@@ -115,11 +115,14 @@ class Session:
         # on loopback no link goes down; elsewhere a watchdog finds the swarm again after an outage
         self._watchdog = Watchdog(self.dht, [] if only_loopback(cfg.host_maddrs) else cfg.initial_peers,
                                   relayed=self.reachability == VIA_RELAY)
-        self._reported_reachability = self.reachability
+        self._relay_ok_reported = True
         return self
 
     def __exit__(self, *exc) -> None:
-        self._state("stopping", "Leaving the swarm")
+        if self.rejoin:  # only restarting: the worker is not going away
+            self._state("joining", "Reconnecting to the backbone's relay")
+        else:
+            self._state("stopping", "Leaving the swarm")
         if getattr(self, "_watchdog", None) is not None:
             self._watchdog.stop()
         for obj in (self.optimizer, self.dht):
@@ -204,8 +207,8 @@ class Session:
             value = float(loss.detach())
             if math.isfinite(value):
                 self.loss_ema = value if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * value
-            if self._reachability() != self._reported_reachability:  # the relay went or came back
-                self._reported_reachability = self._reachability()
+            if self._watchdog.relay_ok != self._relay_ok_reported:  # the relay went or came back
+                self._relay_ok_reported = self._watchdog.relay_ok
                 self._state("training", f"Training {self.experiment.recipe}")
             if time.monotonic() >= next_report or opt.local_epoch != self._digest[0]:
                 self._report()  # periodically, and at every new global step
