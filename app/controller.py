@@ -14,13 +14,15 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from dedloc_core import autostart, catalog_child, hardware, idle, joining, prefs, secrets
+from dedloc_core import autostart, joining, prefs, secrets
 from dedloc_core.catalog import Experiment, LoadResult
-from dedloc_core.contributor import Contributor, Pause, ReleaseWorker, Resume, SetLimits, StartWorker
-from dedloc_core.idle import NullIdle
+from dedloc_core.catalog import child as catalog_child
+from dedloc_core.policy import hardware, idle
+from dedloc_core.policy.contributor import Contributor, Pause, ReleaseWorker, Resume, SetLimits, StartWorker
+from dedloc_core.policy.idle import NullIdle
+from dedloc_core.policy.sampler import Sampler, gpu_probe
 from dedloc_core.prefs import Preferences
 from dedloc_core.protocol import Error, Limits, Log, Progress, State
-from dedloc_core.sampler import Sampler, gpu_probe
 
 from .bridge import Bridge
 from .supervisor import Supervisor
@@ -66,7 +68,7 @@ class Controller(QObject):
                  stats_store=None, sampler: Sampler | None = None, parent: QObject | None = None):
         super().__init__(parent)
         self.bridge, self.supervisor = bridge, supervisor
-        self.stats_store = stats_store  # dedloc_core.statsdb.StatsStore, or None when it cannot open
+        self.stats_store = stats_store  # dedloc_core.stats.db.StatsStore, or None when it cannot open
         self.prefs_path = prefs_path
         loaded = prefs.load(prefs_path)
         self.prefs: Preferences = loaded.prefs
@@ -217,7 +219,7 @@ class Controller(QObject):
     def _local_data_url(self) -> str:
         """No backbone to fetch shards from: serve the corpus shipped with the app on 127.0.0.1."""
         if self._data_server is None:
-            from dedloc_core.httpserve import FileServer
+            from dedloc_core.organizer.httpserve import FileServer
 
             corpus = resources.files("resources").joinpath("corpus")
             server = FileServer()
@@ -285,7 +287,7 @@ class Controller(QObject):
         self.stats_changed.emit()
         url = joining.swarm_summary_url()
         if url and self.joined is not None:
-            from dedloc_core.swarmview import fetch_summary
+            from dedloc_core.stats.swarmview import fetch_summary
 
             self.bridge.run(lambda: fetch_summary(url), self.swarm_changed.emit,
                             lambda exc: logger.info("No swarm summary: %s", exc))

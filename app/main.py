@@ -110,8 +110,8 @@ def _stats():
     """The stats store and the recorder that feeds it; (None, None) if the database cannot be opened
     (the Statistics page then says why; contributing goes on)."""
     from dedloc_core.errors import DedlocError
-    from dedloc_core.statsdb import StatsStore
-    from dedloc_core.statsrecorder import StatsRecorder
+    from dedloc_core.stats.db import StatsStore
+    from dedloc_core.stats.recorder import StatsRecorder
 
     try:
         store = StatsStore()

@@ -52,7 +52,7 @@ class Supervisor(QObject):
         self.env = env
         self.backoff = backoff
         self.stop_timeout = stop_timeout
-        self.recorder = recorder  # a dedloc_core.statsrecorder.StatsRecorder fed from the reader thread
+        self.recorder = recorder  # a dedloc_core.stats.recorder.StatsRecorder fed from the reader thread
         self.worker: WorkerProcess | None = None
         self.wanted: Start | None = None  # the experiment the user joined (None: not joined)
         self.pause_reason: str | None = None

@@ -32,8 +32,8 @@ def main() -> None:
     from hivemind.compression import Uniform8BitQuantization, deserialize_torch_tensor
     from hivemind.compression.base import CompressionInfo
 
-    from dedloc_core import hivemind_patches
-    from dedloc_core.recipes import load_recipe
+    from dedloc_core.engine import hivemind_patches
+    from dedloc_core.engine.recipes import load_recipe
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", default="diloco", choices=["sync", "diloco"])

@@ -9,7 +9,7 @@ hivemind, real p2pd) training tiny-lm on the shipped corpus, the same number of 
 
 - ``sync``: hivemind.Optimizer as the worker builds it: micro-batches of ``--batch`` accumulated
   until the swarm reaches ``--sync-target-batch``, then fp16 gradients averaged.
-- ``diloco``: ``dedloc_core.diloco``; an inner step is this peer's share of the sync global batch
+- ``diloco``: ``dedloc_core.engine.diloco``; an inner step is this peer's share of the sync global batch
   (``sync_target_batch / peers`` samples), ``--inner-steps`` (H) of them per round, deltas averaged
   with ``--compression``, applied by the outer SGD (``--outer-lr``, ``--outer-momentum``; default:
   the catalog's DilocoParams). Peers train ``--rounds`` rounds; that sets the samples for both
@@ -64,9 +64,9 @@ def parse_model(spec: str) -> dict:
 def run_peer(args: argparse.Namespace) -> None:
     import torch
 
-    from dedloc_core import hivemind_patches, swarm
     from dedloc_core.catalog import DilocoParams
-    from dedloc_core.recipes import load_recipe
+    from dedloc_core.engine import hivemind_patches, swarm
+    from dedloc_core.engine.recipes import load_recipe
 
     swarm.prepare_process()
     import logging
@@ -86,7 +86,7 @@ def run_peer(args: argparse.Namespace) -> None:
     if args.mode == "sync":
         opt = swarm.build_optimizer(dht, cfg, model, recipe)
     else:
-        from dedloc_core.diloco import DilocoOptimizer
+        from dedloc_core.engine.diloco import DilocoOptimizer
 
         params = DilocoParams(inner_steps=args.inner_steps, compression=args.compression, outer_lr=args.outer_lr,
                               outer_momentum=args.outer_momentum, resync_every=args.resync_every)

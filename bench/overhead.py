@@ -9,7 +9,7 @@ Two phases on the same machine, one after the other, each with two processes of 
    target_batch/batch micro-batches, like hivemind's local accumulation), each in its own
    subprocess, run side by side. Each measures its samples/s over the steady window (between two
    step boundaries), its PSS at the end of the window and the CPU of its non-main threads.
-2. swarm: two real workers (``dedloc_core.worker`` through ``WorkerProcess``), the first the other's
+2. swarm: two real workers (``dedloc_core.engine.worker`` through ``WorkerProcess``), the first the other's
    initial peer, training the same model on the same micro-batch with a target batch so large
    that the window is pure gradient accumulation. The corpus is served over HTTP on loopback.
    Samples/s comes from the workers' cumulative ``stats`` events (sent right after a micro-batch,
@@ -174,7 +174,7 @@ def bare_child(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from dedloc_core.recipes import load_recipe
+    from dedloc_core.engine.recipes import load_recipe
 
     recipe = load_recipe("tiny-lm", parse_model(args.model))
     model = recipe.build_model(seed=0)
@@ -340,7 +340,7 @@ def experiment(args: argparse.Namespace) -> dict:
 def run_swarm(args: argparse.Namespace, root: Path) -> dict:
     from importlib import resources
 
-    from dedloc_core.httpserve import FileServer
+    from dedloc_core.organizer.httpserve import FileServer
     from dedloc_core.protocol import Limits, Start
     from dedloc_core.workerproc import WorkerProcess
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/pause_latency.py [--trials 10] [--tick 0.1] [--idle 2]
 
-Under a real X server (Xvfb), a real worker (``dedloc_core.worker``, tiny-lm, solo swarm) trains
+Under a real X server (Xvfb), a real worker (``dedloc_core.engine.worker``, tiny-lm, solo swarm) trains
 while the policy loop of the app runs here: a ``Contributor`` reading X11 idle time
 (``XScreenSaverQueryInfo``) every ``--tick`` seconds, with "in use" meaning input in the last
 ``--idle`` seconds (the app's default is 3 minutes; shorter here so trials do not wait).
@@ -129,10 +129,10 @@ class PolicyLoop:
     """The app's policy loop in miniature: a Contributor ticking on a thread, acting on the worker."""
 
     def __init__(self, worker, tick: float, idle_seconds: float):
-        from dedloc_core import idle
-        from dedloc_core.contributor import Contributor
+        from dedloc_core.policy import idle
+        from dedloc_core.policy.contributor import Contributor
+        from dedloc_core.policy.sampler import GpuProbe, Sampler
         from dedloc_core.prefs import Preferences
-        from dedloc_core.sampler import GpuProbe, Sampler
 
         source = idle.X11Idle()
         # model_copy does not validate: an "in use" threshold of seconds instead of minutes
@@ -146,8 +146,8 @@ class PolicyLoop:
         self._thread.start()
 
     def _run(self) -> None:
-        from dedloc_core import contributor as c
         from dedloc_core import protocol
+        from dedloc_core.policy import contributor as c
 
         while not self._stop.is_set():
             for action in self.contributor.tick():
@@ -180,7 +180,7 @@ def measure(trials: int = 10, tick: float = 0.1, idle_seconds: float = 2.0, log=
     for tool in ("Xvfb", "xdpyinfo", "xdotool"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (apt-get install xvfb x11-utils xdotool)")
-    from dedloc_core.httpserve import FileServer
+    from dedloc_core.organizer.httpserve import FileServer
     from dedloc_core.protocol import Limits, Start
     from dedloc_core.workerproc import WorkerProcess
 

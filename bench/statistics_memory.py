@@ -41,7 +41,7 @@ print(f"{stage:<8} rss {mem.rss / 2**20:6.1f} MB   pss {mem.pss / 2**20:6.1f} MB
 FILL = r"""
 import sys, time
 from dedloc_core.protocol import Stats
-from dedloc_core.statsrecorder import StatsRecorder
+from dedloc_core.stats.recorder import StatsRecorder
 now = time.time(); t = [now - 30 * 86400]
 rec = StatsRecorder(sys.argv[1], "tiny-lm-demo", flush_interval=1e9, clock=lambda: t[0])
 for i in range(30 * 24 * 6):

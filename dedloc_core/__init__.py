@@ -1,33 +1,25 @@
 """DeDLOC Volunteer engine: everything except the GUI. Imports no Qt.
 
-The code is organized as follows:
+The code is organized in rooms, one package each, and a few shared light modules:
 
-- ``errors``: the exception tree; every error carries a title and a message for the user.
-- ``paths``: per-user directories (platformdirs) and shipped resources (importlib.resources).
-- ``catalog``: the signed experiment catalog (pydantic schema, Ed25519 signatures, loading).
-- ``shards``: data shards (URL + sha256 + size), a bounded, verified download cache.
-- ``httpserve``: a small HTTP server for the catalog and data shards (used by the backbone).
-- ``recipes``: built-in model + data + loss + eval, chosen by name (``tiny-lm``, ``albert-mlm``).
-- ``protocol``: the versioned JSON-lines protocol between the app and the worker.
-- ``hivemind_patches``: our named fixes and hooks on hivemind 1.1.12.
-- ``swarm``: building a hivemind DHT + Optimizer for an experiment.
-- ``worker``: the worker process (``dedloc worker``).
-- ``workerproc``: starting, talking to and stopping a worker process (no Qt).
-- ``metrics``: signed per-peer metrics in the DHT (the leaderboard's source).
-- ``backbone``: the organizer's headless node (``dedloc backbone``).
-- ``swarmview``: the swarm summary as plain data (``/swarm.json``), no hivemind.
-- ``statsdb``, ``statsrecorder``: the local contribution statistics (SQLite) and their feed from
-  worker events; ``stats_cli``: ``dedloc stats``.
-- ``idle``: seconds since the last user input, per desktop (X11, GNOME, KDE, logind, Windows, macOS).
-- ``policy``, ``sampler``, ``contributor``: whether to contribute now and within which limits (a
-  pure function), what the machine looks like, and the worker actions that follow.
-- ``limits``, ``bandwidth``: limits the worker applies to itself (priority, threads, GPU, pause gate)
-  and the shared token buckets that cap its p2p traffic.
-- ``demo``: a backbone and volunteers on loopback (``dedloc demo``).
-- ``cli``: the ``dedloc`` command.
+- ``engine/``: the worker process and everything that imports torch or hivemind (training, swarm,
+  DiLoCo, hivemind patches, bandwidth caps, reachability, metrics, limits, the shard cache, recipes,
+  the backbone's keeper, the self-test).
+- ``organizer/``: the backbone node (``dedloc backbone``), its HTTP server, the demo.
+- ``catalog/``: the signed experiment catalog: model, recipe names and parameter schemas, the shard
+  model, signing and verifying, the last good copy, its CLI and child process.
+- ``policy/``: whether to contribute now (policy, sampler, contributor, hardware, idle sources).
+- ``stats/``: the local contribution statistics, their recorder and CLI, the swarm's summary.
+- shared light modules: ``errors`` (the exception tree), ``paths`` (user directories, shipped
+  resources), ``protocol`` (app <-> worker messages), ``prefs`` (the user's preferences),
+  ``secrets`` (the OS keyring), ``joining`` (a ``start`` command from an experiment),
+  ``autostart`` (start at login), ``workerproc`` (starting and stopping a worker, no Qt), ``cli``
+  (the ``dedloc`` command).
 
-Only ``worker``, ``swarm``, ``backbone``, ``hivemind_patches`` and recipe modules import torch or
-hivemind, and only when they run.
+The line: only ``engine`` imports torch or hivemind. Everything else is light (the tray app may
+import it) and never imports the engine, except ``cli`` and ``organizer.backbone``, which start it
+inside the function that runs it. Within a room, imports are relative; across rooms, absolute.
+``tests/test_layout.py`` checks the line and that no import cycle exists.
 """
 
 __version__ = "0.1.0"

@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 from .errors import DedlocError
+from .paths import atomic_write
 from .workerproc import dedloc_command
 
 APP_TITLE = "DeDLOC Volunteer"
@@ -76,8 +77,6 @@ class _FileAutostart(Autostart):
         raise NotImplementedError
 
     def enable(self, command: list[str] | None = None) -> None:
-        from .paths import atomic_write
-
         try:
             atomic_write(self.path, self.render(command or launch_command()))
         except OSError as exc:

@@ -8,13 +8,13 @@ import sys
 from . import __version__
 
 _DELEGATED = {
-    "stats": "dedloc_core.stats_cli",
-    "demo": "dedloc_core.demo",
-    "worker": "dedloc_core.worker",
-    "backbone": "dedloc_core.backbone",
+    "stats": "dedloc_core.stats.cli",
+    "demo": "dedloc_core.organizer.demo",
+    "worker": "dedloc_core.engine.worker",
+    "backbone": "dedloc_core.organizer.backbone",
     "app": "app.main",
-    "self-test": "dedloc_core.selftest",
-    "catalog-child": "dedloc_core.catalog_child",
+    "self-test": "dedloc_core.engine.selftest",
+    "catalog-child": "dedloc_core.catalog.child",
 }
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return importlib.import_module(_DELEGATED[argv[0]]).main(argv[1:])
 
-    from . import catalog_cli
+    from dedloc_core.catalog import cli as catalog_cli
 
     parser = argparse.ArgumentParser(prog="dedloc", description="DeDLOC Volunteer: lend your computer to "
                                      "open, collaborative deep-learning training.")

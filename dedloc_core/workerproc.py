@@ -46,7 +46,7 @@ def worker_command() -> list[str]:
     """How to start a worker: this interpreter, or this frozen executable re-run with --worker."""
     if getattr(sys, "frozen", False):
         return dedloc_command("--worker")
-    return [sys.executable, "-m", "dedloc_core.worker"]
+    return [sys.executable, "-m", "dedloc_core.engine.worker"]
 
 
 class WorkerProcess:

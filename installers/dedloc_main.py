@@ -1,8 +1,8 @@
 """Entry point of the frozen build: one executable that is the tray app, the worker and the CLI.
 
 - no arguments: the tray app (``app.main``);
-- ``--worker``: the training worker (``dedloc_core.worker``), how the app re-runs this executable;
-- ``--self-test``: the installation check (``dedloc_core.selftest``);
+- ``--worker``: the training worker (``dedloc_core.engine.worker``), how the app re-runs this executable;
+- ``--self-test``: the installation check (``dedloc_core.engine.selftest``);
 - anything else: the ``dedloc`` command line (``dedloc_core.cli``).
 """
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from dedloc_core.catalog import Catalog, generate_keypair, load_private_key, public_key_line, sign_catalog
-from dedloc_core.httpserve import FileServer
+from dedloc_core.organizer.httpserve import FileServer
 from dedloc_core.protocol import Limits, Start
 from dedloc_core.workerproc import WorkerProcess
 
@@ -73,7 +73,7 @@ def corpus_server():
 
 @pytest.fixture
 def spawn_worker(tmp_path):
-    """Start real worker processes (``dedloc_core.worker``); all are stopped after the test."""
+    """Start real worker processes (``dedloc_core.engine.worker``); all are stopped after the test."""
     started: list[WorkerProcess] = []
 
     def spawn(name: str = "w0", home: Path | None = None) -> WorkerProcess:

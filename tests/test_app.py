@@ -266,7 +266,7 @@ def test_real_worker_through_the_tray(make_app, qtbot, signed_catalog_server, sp
         time.sleep(0.2)
     assert not alive(), alive()
     # What the worker did is in the statistics database (the recorder flushed at quit).
-    from dedloc_core.statsdb import StatsStore
+    from dedloc_core.stats.db import StatsStore
 
     total = StatsStore(app.controller.stats_store.path).totals()
     # (Totals add up every worker of the test: the crashed one's and its replacement's. Whether a

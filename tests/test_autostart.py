@@ -129,7 +129,8 @@ def test_exec_quoting_of_plain_and_empty_args():
 
 def test_frozen_build_re_runs_itself(monkeypatch):
     """In a PyInstaller build every child process is this executable again (one place decides)."""
-    from dedloc_core import catalog_child, workerproc
+    from dedloc_core import workerproc
+    from dedloc_core.catalog import child as catalog_child
 
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     monkeypatch.setattr(sys, "executable", "/opt/dedloc-volunteer/dedloc")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dedloc_core import bandwidth, hivemind_patches
+from dedloc_core.engine import bandwidth, hivemind_patches
 
 
 @pytest.fixture

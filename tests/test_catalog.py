@@ -29,8 +29,8 @@ from dedloc_core.catalog import (
     validate_catalog,
     verify_catalog,
 )
+from dedloc_core.catalog.shards import resolve_url
 from dedloc_core.errors import CatalogError
-from dedloc_core.shards import resolve_url
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -462,7 +462,7 @@ def test_shard_url_resolution():
     data = {"base_url": "https://example.org/data", "shards": experiment()["data"]["shards"]}
     exp = validate_catalog(catalog_dict(experiment(data=data))).experiments[0]
     assert exp.data.base_url == "https://example.org/data/"
-    # shard URLs are resolved in one place, dedloc_core.shards.resolve_url
+    # shard URLs are resolved in one place, dedloc_core.catalog.shards.resolve_url
     assert resolve_url(exp.data.shards[0], exp.data.base_url) == "https://example.org/data/shards/tiny-lm/000.txt"
 
 
@@ -478,7 +478,7 @@ def cli(*args: str, env_passphrase: str | None = PASSPHRASE) -> subprocess.Compl
     env = {k: v for k, v in os.environ.items() if k != "DEDLOC_CATALOG_PASSPHRASE"}
     if env_passphrase is not None:
         env["DEDLOC_CATALOG_PASSPHRASE"] = env_passphrase
-    return subprocess.run([sys.executable, "-m", "dedloc_core.catalog_cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "dedloc_core.catalog.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from dedloc_core import catalog_child
+from dedloc_core.catalog import child as catalog_child
 
 
 def test_child_loads_the_signed_catalog_like_the_app_would(signed_catalog_server, tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hivemind.p2p import PeerID
 
-from dedloc_core.statsdb import StatsStore
+from dedloc_core.stats.db import StatsStore
 
 pytestmark = pytest.mark.slow
 

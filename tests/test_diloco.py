@@ -38,8 +38,8 @@ def test_delta_codecs_round_trip(name, max_error):
     from hivemind.compression import deserialize_torch_tensor
     from hivemind.compression.base import CompressionInfo
 
-    from dedloc_core import hivemind_patches
-    from dedloc_core.delta_averaging import CODECS
+    from dedloc_core.engine import hivemind_patches
+    from dedloc_core.engine.delta_averaging import CODECS
 
     hivemind_patches.install()
     delta = torch.randn(50_000, generator=torch.Generator().manual_seed(0)) * 1e-3
@@ -60,7 +60,7 @@ def test_every_8bit_codec_of_hivemind_decodes_under_numpy2():
     from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
     from hivemind.proto import runtime_pb2
 
-    from dedloc_core import hivemind_patches
+    from dedloc_core.engine import hivemind_patches
 
     hivemind_patches.install()
     assert int(np.__version__.split(".")[0]) >= 2  # the bug only shows under NumPy 2
@@ -192,7 +192,8 @@ def start_backbone(experiment: dict, folder: Path):
     ready = folder / "backbone" / "ready.json"
     log = (folder / "backbone.log").open("w")
     proc = subprocess.Popen([
-        sys.executable, "-m", "dedloc_core.backbone", "--experiment", experiment["id"], "--catalog", str(catalog),
+        sys.executable, "-m", "dedloc_core.organizer.backbone", "--experiment", experiment["id"],
+        "--catalog", str(catalog),
         "--trusted-key", str(key), "--run-dir", str(folder / "backbone"), "--ready-file", str(ready),
         "--listen", "/ip4/127.0.0.1/tcp/0", "--http-port", "-1", "--poll", "1", "--checkpoint-every", "1"],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home")})

@@ -16,7 +16,7 @@ PROBE = """
 import asyncio, gc, sys, weakref
 from hivemind.utils.mpfuture import MPFuture
 if sys.argv[1] == "patched":
-    from dedloc_core import hivemind_patches
+    from dedloc_core.engine import hivemind_patches
     hivemind_patches.install()
 
 async def main():

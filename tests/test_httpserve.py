@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from dedloc_core.httpserve import FileServer
+from dedloc_core.organizer.httpserve import FileServer
 
 DATA = bytes(range(256)) * 4  # 1024 bytes
 

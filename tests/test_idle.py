@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from desktop import dbus_session, need, xdotool, xvfb
 
-from dedloc_core import idle
+from dedloc_core.policy import idle
 
 SERVICE = Path(__file__).with_name("idle_dbus_service.py")
 NAMES = ["org.gnome.Mutter.IdleMonitor", "org.kde.screensaver", "org.freedesktop.ScreenSaver",

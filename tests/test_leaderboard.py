@@ -10,8 +10,8 @@ import pytest
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils import get_dht_time
 
-from dedloc_core import metrics
-from dedloc_core.swarmview import SwarmView
+from dedloc_core.engine import metrics
+from dedloc_core.stats.swarmview import SwarmView
 
 RUN = "forgery_test"
 

@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from dedloc_core import bandwidth, limits
+from dedloc_core.engine import bandwidth, limits
 from dedloc_core.protocol import Limits
 
 

@@ -14,7 +14,7 @@ from desktop import need
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import pause_latency  # noqa: E402
 
-from dedloc_core.limits import NICE  # noqa: E402
+from dedloc_core.engine.limits import NICE  # noqa: E402
 
 
 @pytest.mark.slow

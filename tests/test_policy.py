@@ -7,11 +7,11 @@ from datetime import datetime, time, timedelta
 
 import pytest
 
-from dedloc_core.contributor import Contributor, Pause, ReleaseWorker, Resume, SetLimits, StartWorker
-from dedloc_core.idle import IdleSource
-from dedloc_core.policy import Inputs, decide, in_schedule
+from dedloc_core.policy.contributor import Contributor, Pause, ReleaseWorker, Resume, SetLimits, StartWorker
+from dedloc_core.policy.idle import IdleSource
+from dedloc_core.policy.rules import Inputs, decide, in_schedule
+from dedloc_core.policy.sampler import FixedGpuProbe, Sampler
 from dedloc_core.prefs import Preferences, TimeWindow
-from dedloc_core.sampler import FixedGpuProbe, Sampler
 
 MON_14H = datetime(2026, 11, 23, 14, 0)  # a Monday
 AWAY = 3600.0  # idle seconds: the user is away

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dedloc_core import hivemind_patches, reachability
+from dedloc_core.engine import hivemind_patches, reachability
 
 PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 

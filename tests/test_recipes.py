@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dedloc_core.engine.recipes import load_recipe, text
 from dedloc_core.paths import resource
-from dedloc_core.recipes import load_recipe, text
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (lazily, by albert-mlm)
 
@@ -133,7 +133,7 @@ def test_albert_masks_only_labelled_bytes(albert):
     assert 0.08 < share < 0.25  # mask_prob 0.15
     again = next(albert.batches([], 16, seed=0))
     assert torch.equal(again.input_ids, ids) and torch.equal(again.labels, labels)
-    from dedloc_core.recipes.albert_mlm import frame, mask_tokens
+    from dedloc_core.engine.recipes.albert_mlm import frame, mask_tokens
 
     rare = mask_tokens(frame(ids[:, 1:-1].clamp(max=255)), 1e-9, torch.Generator().manual_seed(0))
     assert ((rare.labels != -100).sum(dim=1) == 1).all()  # never a row without labels (NaN loss)
@@ -158,7 +158,7 @@ def test_albert_loss_falls(albert):
 
 def test_package_import_is_torch_free_and_tiny_lm_needs_no_transformers():
     code = (
-        "import sys; import dedloc_core.recipes as r; r.validate_params('albert-mlm', {'size': 'base'}); "
+        "import sys; import dedloc_core.engine.recipes as r; r.validate_params('albert-mlm', {'size': 'base'}); "
         "assert 'torch' not in sys.modules, 'torch imported'; "
         "r.load_recipe('tiny-lm', {}); assert 'torch' in sys.modules; "
         "assert 'transformers' not in sys.modules, 'transformers imported'"

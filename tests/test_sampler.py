@@ -11,8 +11,8 @@ import time
 
 import psutil
 
-from dedloc_core.idle import NullIdle
-from dedloc_core.sampler import FixedGpuProbe, GpuProbe, Sampler, gpu_probe
+from dedloc_core.policy.idle import NullIdle
+from dedloc_core.policy.sampler import FixedGpuProbe, GpuProbe, Sampler, gpu_probe
 
 BURN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
 

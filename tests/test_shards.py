@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from dedloc_core.engine.shard_cache import Shard, ShardCache, resolve_url
 from dedloc_core.errors import ShardError
-from dedloc_core.httpserve import FileServer
-from dedloc_core.shards import Shard, ShardCache, resolve_url
+from dedloc_core.organizer.httpserve import FileServer
 
 SIZE = 200_000
 

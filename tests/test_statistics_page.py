@@ -16,9 +16,9 @@ from PySide6.QtGui import QColor  # noqa: E402
 
 from app.pages.statistics import HIGHLIGHT, StatisticsPage, human_count  # noqa: E402
 from dedloc_core.protocol import Hello, State, Stats  # noqa: E402
-from dedloc_core.statsdb import HOUR, StatsStore  # noqa: E402
-from dedloc_core.statsrecorder import StatsRecorder  # noqa: E402
-from dedloc_core.swarmview import SwarmView  # noqa: E402
+from dedloc_core.stats.db import HOUR, StatsStore  # noqa: E402
+from dedloc_core.stats.recorder import StatsRecorder  # noqa: E402
+from dedloc_core.stats.swarmview import SwarmView  # noqa: E402
 
 SCREENS = Path(__file__).resolve().parents[1] / "artifacts" / "screens"
 ME = "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG"

@@ -8,9 +8,9 @@ import sys
 import time
 
 from dedloc_core.protocol import State, Stats
-from dedloc_core.stats_cli import main
-from dedloc_core.statsdb import local_midnight
-from dedloc_core.statsrecorder import StatsRecorder
+from dedloc_core.stats.cli import main
+from dedloc_core.stats.db import local_midnight
+from dedloc_core.stats.recorder import StatsRecorder
 
 
 def test_prints_today_week_and_all_time(tmp_path, capsys):

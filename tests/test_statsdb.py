@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from dedloc_core.protocol import Hello, State, Stats
-from dedloc_core.statsdb import DAY, HOUR, SCHEMA_VERSION, StatsError, StatsStore
-from dedloc_core.statsrecorder import StatsRecorder
+from dedloc_core.stats.db import DAY, HOUR, SCHEMA_VERSION, StatsError, StatsStore
+from dedloc_core.stats.recorder import StatsRecorder
 
 FIXTURE = Path(__file__).with_name("fixtures") / "stats_v1.sqlite3"
 T0 = 1_763_902_800  # 2025-11-23 13:00:00 UTC, an hour boundary
@@ -198,7 +198,7 @@ def test_summary_today_week_all_and_csv_export(tmp_path):
 WRITER = """
 import sys, time
 from dedloc_core.protocol import Stats
-from dedloc_core.statsrecorder import StatsRecorder
+from dedloc_core.stats.recorder import StatsRecorder
 rec = StatsRecorder(sys.argv[1], "kill-test", flush_interval=1e9)
 i = 0
 while True:
@@ -237,8 +237,8 @@ def test_kill_9_while_writing_keeps_every_committed_row(tmp_path):
 
 
 def test_stats_modules_import_no_torch_or_hivemind():
-    code = ("import sys, dedloc_core.statsdb, dedloc_core.statsrecorder, dedloc_core.swarmview, "
-            "dedloc_core.stats_cli; heavy = [m for m in ('torch', 'hivemind', 'PySide6') if m in sys.modules]; "
+    code = ("import sys, dedloc_core.stats.db, dedloc_core.stats.recorder, dedloc_core.stats.swarmview, "
+            "dedloc_core.stats.cli; heavy = [m for m in ('torch', 'hivemind', 'PySide6') if m in sys.modules]; "
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

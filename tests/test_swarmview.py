@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from dedloc_core.backbone import Recorder
-from dedloc_core.httpserve import FileServer
-from dedloc_core.swarmview import SwarmUnavailable, SwarmView, fetch_summary, parse_summary
+from dedloc_core.organizer.backbone import Recorder
+from dedloc_core.organizer.httpserve import FileServer
+from dedloc_core.stats.swarmview import SwarmUnavailable, SwarmView, fetch_summary, parse_summary
 
 
 class Peer:

@@ -1,5 +1,5 @@
 """The worker process, for real: protocol handshake and validation, training, pause/resume, stop,
-crash cleanup, bad data and bad experiments. No mocks: every test starts ``dedloc_core.worker``
+crash cleanup, bad data and bad experiments. No mocks: every test starts ``dedloc_core.engine.worker``
 through ``WorkerProcess`` (the ``spawn_worker`` fixture) and talks the JSON-lines protocol to it."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import psutil
 import pytest
 from conftest import CORPUS_MANIFEST, start_command, tiny_experiment
 
-from dedloc_core.httpserve import FileServer
+from dedloc_core.engine.channel import EventChannel, EventLogHandler
+from dedloc_core.organizer.httpserve import FileServer
 from dedloc_core.protocol import MAX_LINE, PROTOCOL_VERSION, Pause, Resume, Start, Stop, decode_event
-from dedloc_core.worker import EventChannel, _EventLogHandler
 from dedloc_core.workerproc import StopResult, WorkerProcess
 
 START_TIMEOUT = 60.0  # start -> "training": imports torch + hivemind, starts a DHT and p2pd
@@ -240,7 +240,7 @@ def test_log_records_become_log_events_whatever_the_level_is_called():
     still send a valid ``log`` event, and never raise into the code that logged."""
     read, write = os.pipe()
     try:
-        handler = _EventLogHandler(EventChannel(write))
+        handler = EventLogHandler(EventChannel(write))
         record = logging.LogRecord("hivemind.dht.dht", logging.WARNING, __file__, 1, "grace %s", ("over",), None)
         record.levelname = "WARN"
         handler.handle(record)

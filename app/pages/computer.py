@@ -7,7 +7,7 @@ from html import escape
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from dedloc_core.hardware import Hardware
+from dedloc_core.policy.hardware import Hardware
 
 from ..controller import Controller
 

@@ -34,8 +34,8 @@ from PySide6.QtWidgets import (
 )
 
 from dedloc_core.errors import DedlocError
-from dedloc_core.statsdb import DAY, HOUR, Point, StatsStore, Totals, hour_of, local_midnight
-from dedloc_core.swarmview import SwarmSummary, parse_summary, short_peer_id
+from dedloc_core.stats.db import DAY, HOUR, Point, StatsStore, Totals, hour_of, local_midnight
+from dedloc_core.stats.swarmview import SwarmSummary, parse_summary, short_peer_id
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 
-from dedloc_core import hivemind_patches
+from dedloc_core.engine import hivemind_patches
 
 
 async def serve(ip: str, port: str, mode: str) -> None:

@@ -43,7 +43,7 @@ class Backbone:
         self.ready_file = folder / "backbone" / "ready.json"
         self.log = folder / "backbone.log"
         self.proc = lab.popen(host, [
-            sys.executable, "-m", "dedloc_core.backbone", "--experiment", experiment["id"],
+            sys.executable, "-m", "dedloc_core.organizer.backbone", "--experiment", experiment["id"],
             "--catalog", str(catalog), "--trusted-key", str(key), "--run-dir", str(folder / "backbone"),
             "--ready-file", str(self.ready_file), "--listen", f"/ip4/{host.ip}/tcp/{BACKBONE_PORT}",
             "--http-host", host.ip, "--http-port", str(HTTP_PORT), "--poll", "2", *extra_args],

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .params import TinyLMParams
+from dedloc_core.catalog.recipes import TinyLMParams
+
 from .text import BYTE_VOCAB, TextSource, TextWindows, corpus_eval, corpus_shards, eval_windows
 
 EVAL_BATCH = 16
@@ -90,7 +91,7 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 class TinyLMRecipe:
-    """The ``tiny-lm`` recipe (see ``dedloc_core.recipes.base.Recipe``)."""
+    """The ``tiny-lm`` recipe (see ``dedloc_core.engine.recipes.base.Recipe``)."""
 
     name = "tiny-lm"
 

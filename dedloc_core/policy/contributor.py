@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
 
-from .policy import Decision, Inputs, decide
-from .prefs import Preferences
-from .protocol import Limits
+from dedloc_core.prefs import Preferences
+from dedloc_core.protocol import Limits
+
+from .rules import Decision, Inputs, decide
 from .sampler import Sampler
 
 

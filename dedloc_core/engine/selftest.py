@@ -18,10 +18,10 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from . import __version__, paths
-from .errors import DedlocError
-from .protocol import Error, Limits, Progress, Start, State
-from .workerproc import StopResult, WorkerProcess
+from dedloc_core import __version__, paths
+from dedloc_core.errors import DedlocError
+from dedloc_core.protocol import Error, Limits, Progress, Start, State
+from dedloc_core.workerproc import StopResult, WorkerProcess
 
 EXPERIMENT = "tiny-lm-demo"
 # Smaller than the catalog's tiny-lm so a few global steps take seconds on one CPU core.
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, root: Path) -> None:
     _ok("catalog", f"signed default catalog verified; experiment {args.experiment!r}")
     _hardware(root)
     with resources.as_file(paths.resource("corpus")) as corpus:
-        from .httpserve import FileServer
+        from dedloc_core.organizer.httpserve import FileServer
 
         with FileServer() as server:
             server.serve_dir("/data/", Path(corpus))
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, root: Path) -> None:
 
 
 def _experiment(root: Path, exp_id: str) -> dict:
-    from .catalog import CatalogStore
+    from dedloc_core.catalog import CatalogStore
 
     result = CatalogStore(root / "last_good.json").load_default()
     if result.catalog is None or result.source != "default":
@@ -108,7 +108,7 @@ def _experiment(root: Path, exp_id: str) -> dict:
 
 
 def _hardware(root: Path) -> None:
-    from .hardware import probe
+    from dedloc_core.policy.hardware import probe
 
     try:
         hw = probe(root)

@@ -1,6 +1,6 @@
 """``dedloc stats``: this computer's contribution totals in a terminal (for headless machines).
 
-Reads the same stats store as the app's Statistics page (``statsdb``) and prints today, this week
+Reads the same stats store as the app's Statistics page (``stats.db``) and prints today, this week
 and all time; ``--csv FILE`` also exports every hourly/daily bucket.
 """
 
@@ -10,8 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .errors import DedlocError
-from .statsdb import PERIOD_TITLES, StatsStore, Totals, default_path
+from dedloc_core.errors import DedlocError
+
+from .db import PERIOD_TITLES, StatsStore, Totals, default_path
 
 
 def _bytes(n: float) -> str:

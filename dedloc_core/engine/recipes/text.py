@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..paths import resource
+from dedloc_core.paths import resource
 
 BYTE_VOCAB = 256
 PAD, MASK, CLS, SEP = 256, 257, 258, 259

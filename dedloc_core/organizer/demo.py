@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DedlocError
-from .protocol import Error, Limits, Progress, Start, State
-from .workerproc import WorkerProcess, dedloc_command
+from dedloc_core.errors import DedlocError
+from dedloc_core.protocol import Error, Limits, Progress, Start, State
+from dedloc_core.workerproc import WorkerProcess, dedloc_command
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -89,7 +89,7 @@ class Demo:
                 self.recorder.close()
 
     def _experiment(self) -> dict:
-        from .catalog import CatalogStore
+        from dedloc_core.catalog import CatalogStore
 
         result = CatalogStore(self.root / "catalog" / "last_good.json").load_default()
         exp = result.catalog.get(self.args.experiment) if result.catalog else None
@@ -121,7 +121,7 @@ class Demo:
         view = PeerView()
         recorder = None
         if i == 0 and self.args.stats_db:
-            from .statsrecorder import StatsRecorder
+            from dedloc_core.stats.recorder import StatsRecorder
 
             recorder = self.recorder = StatsRecorder(self.args.stats_db, experiment["id"]).start()
 
@@ -205,7 +205,7 @@ class Demo:
         url = self.ready.get("http_url")
         if not url or self.backbone is None or self.backbone.poll() is not None:
             return
-        from .swarmview import SwarmUnavailable, fetch_summary
+        from dedloc_core.stats.swarmview import SwarmUnavailable, fetch_summary
 
         reached = max((v.progress.global_step for v in self.views if v.progress), default=0)
         deadline = time.monotonic() + 30  # the backbone records every few seconds: let it catch up

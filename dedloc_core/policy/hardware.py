@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from dedloc_core import paths
+
 logger = logging.getLogger(__name__)
 
 
@@ -90,8 +92,6 @@ def _text(value: str | bytes) -> str:
 
 
 def probe(data_path: Path | None = None) -> Hardware:
-    from . import paths
-
     where = data_path or paths.cache_dir()
     gpus, note = nvidia_gpus()
     return Hardware(

@@ -1,7 +1,7 @@
 """Data shards: (URL, sha256, size), fetched into a bounded, verified cache.
 
-``Shard`` describes one shard (it comes from the signed catalog); ``ShardCache.fetch`` returns a
-local, verified copy or raises ``ShardError`` with one of these codes:
+``Shard`` (``dedloc_core.catalog.shards``) describes one shard, as the signed catalog lists it;
+``ShardCache.fetch`` returns a local, verified copy or raises ``ShardError`` with one of these codes:
 
     bad_url      the URL is not http(s), is relative without a base, or has ``..`` segments
     too_large    the shard (or the set asked for together) does not fit in the cache
@@ -24,11 +24,10 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.error import HTTPError, URLError
-from urllib.parse import SplitResult, unquote, urljoin, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 from urllib.request import HTTPRedirectHandler, Request, build_opener
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
+from dedloc_core.catalog.shards import Shard, resolve_url
 from dedloc_core.errors import ShardError
 
 try:
@@ -40,25 +39,6 @@ __all__ = ["Progress", "Shard", "ShardCache", "resolve_url"]
 
 logger = logging.getLogger(__name__)
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-class Shard(BaseModel):
-    """One data shard. ``url`` is absolute (http/https) or relative to the experiment's data base URL."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    url: str = Field(min_length=1, max_length=2048)
-    sha256: str
-    size: int = Field(gt=0, le=64 * 2**30)
-
-    @field_validator("sha256")
-    @classmethod
-    def _hex(cls, value: str) -> str:
-        if not _SHA256.match(value):
-            raise ValueError("sha256 must be 64 lowercase hex digits")
-        return value
-
 
 # -- the cache ---------------------------------------------------------------------------------------
 
@@ -69,53 +49,6 @@ _HASH_CHUNK = 1 << 20
 _NAME = re.compile(r"^([0-9a-f]{64})(\.part)?$")
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _USER_AGENT = "dedloc-volunteer-shards/1"
-
-
-def resolve_url(shard: Shard, base_url: str | None) -> str:
-    """The absolute http(s) URL of ``shard``; raises ``ShardError(code="bad_url")``.
-
-    A relative URL is a path under ``base_url`` (treated as a folder): no scheme-relative
-    ``//host``, no leading ``/``, no ``..`` segments.
-    """
-    url = shard.url
-    try:
-        parts = _split(url, what="shard URL")
-        if parts.scheme:
-            _check_http(url, parts, what="shard URL")
-            return url
-        if parts.netloc or url.startswith("/"):
-            raise _bad_url(url, "a relative shard URL must be a path under the data base URL")
-        if base_url is None:
-            raise _bad_url(url, "it is relative and the experiment gives no data base URL")
-        base = _split(base_url, what="data base URL")
-        _check_http(base_url, base, what="data base URL")
-    except ValueError as exc:  # urlsplit and .port on malformed hosts and ports
-        raise _bad_url(url, f"it cannot be parsed ({exc})") from exc
-    if not base.path.endswith("/"):
-        base = base._replace(path=base.path + "/")
-    return urljoin(urlunsplit(base._replace(query="", fragment="")), url)
-
-
-def _split(url: str, *, what: str) -> SplitResult:
-    if not url.isascii() or any(ord(char) <= 0x20 or ord(char) == 0x7F for char in url):
-        raise _bad_url(url, f"the {what} contains spaces, control or non-ASCII characters")
-    parts = urlsplit(url)
-    if ".." in re.split(r"[/\\]", unquote(parts.path)):
-        raise _bad_url(url, f"the {what} contains '..' path segments")
-    return parts
-
-
-def _check_http(url: str, parts: SplitResult, *, what: str) -> None:
-    if parts.scheme.lower() not in ("http", "https"):
-        scheme = parts.scheme or "no"
-        raise _bad_url(url, f"the {what} uses the {scheme!r} scheme; only http and https are allowed")
-    if not parts.hostname:
-        raise _bad_url(url, f"the {what} has no host")
-    _ = parts.port  # raises ValueError for a port that is not a number in range
-
-
-def _bad_url(url: str, why: str) -> ShardError:
-    return ShardError(f"Cannot use the data shard URL {url!r}: {why}.", code="bad_url")
 
 
 class _Mismatch(Exception):

@@ -1,7 +1,7 @@
 """The contribution policy: whether to train right now, why, and within which limits.
 
 ``decide(inputs, prefs)`` is a pure function (no clock, no I/O): the caller samples the machine
-(``sampler.Sampler``) and passes the time. ``Contributor`` (``contributor.py``) turns a stream of
+(``sampler.Sampler``) and passes the time. ``Contributor`` (``contributor``) turns a stream of
 decisions into commands for the worker. Idle time unknown (no idle source) counts as "the user is
 present": the schedule alone decides, with the in-use limits.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from .prefs import Preferences, TimeWindow, format_schedule
-from .protocol import Limits
+from dedloc_core.prefs import Preferences, TimeWindow, format_schedule
+from dedloc_core.protocol import Limits
 
 
 @dataclass(frozen=True)

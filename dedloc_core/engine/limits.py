@@ -15,9 +15,11 @@ import threading
 from collections.abc import Callable
 
 import psutil
+import torch
+
+from dedloc_core.protocol import Limits
 
 from . import bandwidth
-from .protocol import Limits
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +48,6 @@ def merged(base: Limits, update: Limits) -> Limits:
 
 
 def apply_cpu_and_network(limits: Limits) -> None:
-    import torch
-
     if limits.cpu_threads:
         torch.set_num_threads(limits.cpu_threads)
     bandwidth.set_caps(_payload(limits.upload_bps), _payload(limits.download_bps))
@@ -65,15 +65,11 @@ def _payload(cap: int | None) -> int | None:
 
 
 def gpu_wanted(limits: Limits) -> bool:
-    import torch
-
     return bool(limits.use_gpu) and torch.cuda.is_available()
 
 
 def apply_gpu_memory_cap(limits: Limits) -> None:
     """Cap this process's CUDA allocator at ``gpu_memory_mb`` (0: no cap). No-op without CUDA."""
-    import torch
-
     if limits.gpu_memory_mb is None or not torch.cuda.is_available():
         return
     total = torch.cuda.get_device_properties(0).total_memory

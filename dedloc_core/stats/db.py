@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from . import paths
-from .errors import DedlocError
+from dedloc_core import paths
+from dedloc_core.errors import DedlocError
 
 HOUR = 3600
 DAY = 86400

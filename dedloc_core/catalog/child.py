@@ -6,7 +6,7 @@ untrusted input; the tray app keeps neither in its own long-lived process. The c
 object: the verified catalog's payload, the error, the source. The app validates the payload
 against the schema again (pydantic only) and gets the same ``LoadResult``.
 
-    python -m dedloc_core.catalog_child        (the frozen app: ``dedloc --catalog-child``)
+    python -m dedloc_core.catalog.child        (the frozen app: ``dedloc --catalog-child``)
 """
 
 from __future__ import annotations
@@ -16,8 +16,13 @@ import logging
 import subprocess
 import sys
 
-from .catalog import Catalog, CatalogStore, LoadResult, load_trusted_keys
-from .errors import CatalogError
+from dedloc_core import joining
+from dedloc_core.errors import CatalogError
+from dedloc_core.workerproc import dedloc_command
+
+from .model import Catalog
+from .signing import load_trusted_keys
+from .store import CatalogStore, LoadResult
 
 logger = logging.getLogger(__name__)
 TIMEOUT = 60.0
@@ -25,16 +30,12 @@ TIMEOUT = 60.0
 
 def command() -> list[str]:
     if getattr(sys, "frozen", False):
-        from .workerproc import dedloc_command  # the frozen executable re-run (dedloc_core.cli routes it)
-
-        return dedloc_command("--catalog-child")
-    return [sys.executable, "-m", "dedloc_core.catalog_child"]
+        return dedloc_command("--catalog-child")  # the frozen executable re-run (dedloc_core.cli routes it)
+    return [sys.executable, "-m", "dedloc_core.catalog.child"]
 
 
 def load_here(url: str | None = None) -> LoadResult:
     """What the child does (also the fallback when no child can run)."""
-    from . import joining
-
     url = joining.catalog_url() if url is None else url
     store = CatalogStore()
     keys = load_trusted_keys(joining.trusted_key_paths())

@@ -9,15 +9,24 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
 import psutil
+import torch
 
-from . import hivemind_patches, limits, metrics, paths
-from .errors import WorkerError
-from .protocol import Progress, Start, State, Stats
-from .worker import Control, EventChannel
+from dedloc_core import paths
+from dedloc_core.catalog import Experiment
+from dedloc_core.errors import WorkerError
+from dedloc_core.protocol import Progress, Start, State, Stats
+
+from . import hivemind_patches, limits, metrics, reachability, swarm
+from .channel import Control, EventChannel
+from .diloco import DilocoOptimizer
+from .reachability import RELAY_LOST, VIA_RELAY, only_loopback
+from .recipes import load_recipe
+from .shard_cache import ShardCache
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +56,6 @@ class Session:
     # ---- setup / teardown -------------------------------------------------------------------
 
     def __enter__(self) -> Session:
-        from .catalog import Experiment
-
         try:
             self.experiment = Experiment.model_validate_json(json.dumps(self.start.experiment))
         except ValueError as exc:
@@ -56,11 +63,6 @@ class Session:
         exp = self.experiment
         self._state("preparing", f"Fetching data for {exp.title}")
         shard_paths = self._fetch_data()
-
-        import torch
-
-        from . import swarm
-        from .recipes import load_recipe
 
         limits.lower_priority(limits.worker_nice())  # before hivemind forks and torch starts threads
         swarm.prepare_process()
@@ -94,8 +96,6 @@ class Session:
         logger.info("Reachability: %s", self.reachability)
         self.public_key = metrics.add_validators(self.dht, exp.run_id)
         if exp.mode == "diloco":
-            from .diloco import DilocoOptimizer
-
             self.optimizer = DilocoOptimizer(
                 self.dht, exp.run_id, self.model, self.recipe, exp.diloco, batch_size=self.batch_size,
                 matchmaking_time=exp.matchmaking_time, averaging_timeout=exp.averaging_timeout,
@@ -110,8 +110,6 @@ class Session:
         self.peer_id = str(self.dht.peer_id)
         self.maddrs = [str(m) for m in self.dht.get_visible_maddrs(latest=True)]
         logger.info("Joined run %s as %s", exp.run_id, self.peer_id)
-        from .reachability import VIA_RELAY, only_loopback
-
         # on loopback no link goes down; elsewhere a watchdog finds the swarm again after an outage
         self._watchdog = Watchdog(self.dht, [] if only_loopback(cfg.host_maddrs) else cfg.initial_peers,
                                   relayed=self.reachability == VIA_RELAY)
@@ -134,8 +132,6 @@ class Session:
         kill_children()
 
     def _fetch_data(self) -> list[Path]:
-        from .shards import ShardCache
-
         exp = self.experiment
         limit = int(os.environ.get("DEDLOC_CACHE_BYTES", DEFAULT_CACHE_BYTES))
         cache = ShardCache(paths.cache_dir() / "shards", max_bytes=limit)
@@ -169,8 +165,6 @@ class Session:
 
     def _reachability(self) -> str | None:
         """How others reach us now: as joined, unless the relay reservation we joined with is lost."""
-        from .reachability import RELAY_LOST, VIA_RELAY
-
         reach, watchdog = getattr(self, "reachability", None), getattr(self, "_watchdog", None)
         if reach == VIA_RELAY and watchdog is not None and not watchdog.relay_ok:
             return RELAY_LOST
@@ -325,10 +319,6 @@ class Watchdog:
 
     def __init__(self, dht, initial_peers: list[str], period: float = 5.0, relayed: bool = False,
                  relay_grace: float = 20.0):
-        import threading
-
-        from . import reachability
-
         self.dht, self.peers, self.period = dht, list(initial_peers), period
         self.ping = reachability.ping_initial_peers
         self.relayed, self.relay_ok, self.relay_grace = relayed, True, relay_grace

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import DedlocError
+from dedloc_core.errors import DedlocError
 
 logger = logging.getLogger(__name__)
 

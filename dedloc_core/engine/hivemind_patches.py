@@ -13,7 +13,7 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
 3. ``bandwidth caps``: hivemind cannot cap traffic (its ``bandwidth`` is a load-balancing hint).
    We pace ``P2P.send_protobuf`` (each message waits for its tokens, then is written whole, as
    before) and ``P2P.receive_raw_data`` (read chunk by chunk, each after its tokens; ``p2p/p2p_daemon.py``)
-   through the shared token buckets of ``dedloc_core.bandwidth``, and the unary calls and handlers
+   through the shared token buckets of ``dedloc_core.engine.bandwidth``, and the unary calls and handlers
    per message. Installed before patch 1, so the counters wrap the paced functions. With no cap
    set, the original functions run unchanged.
 4. ``8-bit codecs under NumPy 2``: ``Quantization.extract`` and ``BlockwiseQuantization.extract``

@@ -1,10 +1,16 @@
-"""Parameter schemas of the built-in recipes. Torch-free, so the catalog can validate them."""
+"""The built-in recipes as the catalog sees them: their names and parameter schemas (no torch).
+
+The recipes themselves (model, data, loss) are in ``dedloc_core.engine.recipes``, which reads its
+parameters from here.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dedloc_core.errors import RecipeError
 
 
 class _Params(BaseModel):
@@ -45,3 +51,14 @@ PARAMS_BY_RECIPE: dict[str, type[_Params]] = {
     "tiny-lm": TinyLMParams,
     "albert-mlm": AlbertMLMParams,
 }
+RECIPE_NAMES: frozenset[str] = frozenset(PARAMS_BY_RECIPE)
+
+
+def validate_params(name: str, params: dict[str, Any]):
+    """Return the typed parameters of recipe ``name``; raise RecipeError if unknown or invalid."""
+    if name not in PARAMS_BY_RECIPE:
+        raise RecipeError(f"Unknown recipe {name!r}; this app knows {sorted(RECIPE_NAMES)}.")
+    try:
+        return PARAMS_BY_RECIPE[name].model_validate(params)
+    except ValueError as exc:
+        raise RecipeError(f"Invalid parameters for recipe {name!r}: {exc}") from exc

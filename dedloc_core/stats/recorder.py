@@ -21,8 +21,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .protocol import Hello, State, Stats
-from .statsdb import HOUR, Delta, StatsStore, hour_of
+from dedloc_core.protocol import Hello, State, Stats
+
+from .db import HOUR, Delta, StatsStore, hour_of
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from dedloc_core.catalog.recipes import AlbertMLMParams
+
 from . import text
-from .params import AlbertMLMParams
 from .text import BYTE_VOCAB, CLS, MASK, PAD, SEP, VOCAB_WITH_SPECIALS, TextSource
 from .tiny_lm import WarmupConstant, model_device
 
@@ -64,7 +65,7 @@ def mask_tokens(ids: torch.Tensor, mask_prob: float, generator: torch.Generator)
 
 
 class AlbertMLMRecipe:
-    """The ``albert-mlm`` recipe (see ``dedloc_core.recipes.base.Recipe``)."""
+    """The ``albert-mlm`` recipe (see ``dedloc_core.engine.recipes.base.Recipe``)."""
 
     name = "albert-mlm"
 

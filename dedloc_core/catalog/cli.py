@@ -2,7 +2,7 @@
 
 ``register(subparsers)`` adds the ``catalog`` command to the main ``dedloc`` parser; each leaf
 command sets ``func`` (``args.func(args) -> int``, the exit status). ``python -m
-dedloc_core.catalog_cli ...`` runs the same commands. The private key passphrase comes from
+dedloc_core.catalog.cli ...`` runs the same commands. The private key passphrase comes from
 ``$DEDLOC_CATALOG_PASSPHRASE`` or is asked for on the terminal.
 """
 
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 
-from .catalog import (
-    PASSPHRASE_ENV,
-    CatalogStore,
-    fetch_catalog,
+from dedloc_core.errors import CatalogError
+
+from .model import PASSPHRASE_ENV
+from .signing import (
     generate_keypair,
     key_id,
     load_private_key,
@@ -29,7 +29,7 @@ from .catalog import (
     sign_catalog,
     verify_catalog,
 )
-from .errors import CatalogError
+from .store import CatalogStore, fetch_catalog
 
 
 def _passphrase(confirm: bool) -> str:
@@ -158,7 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``catalog`` subcommands (``python -m dedloc_core.catalog_cli keygen|sign|verify ...``)."""
+    """Run ``catalog`` subcommands (``python -m dedloc_core.catalog.cli keygen|sign|verify ...``)."""
     parser = argparse.ArgumentParser(prog="dedloc")
     subparsers = parser.add_subparsers(dest="command", required=True)
     register(subparsers)

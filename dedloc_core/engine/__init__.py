@@ -1,0 +1,25 @@
+"""The engine: the worker process and everything that imports torch or hivemind.
+
+The code is organized as follows:
+
+- ``worker``: the worker process (``dedloc worker``): reads commands, runs training sessions.
+- ``channel``: the worker's channels with the app (events out, commands in); light.
+- ``training``: one training session (data, recipe, DHT, Optimizer, the loop, the watchdog).
+- ``swarm``: building a hivemind DHT and Optimizer for an experiment.
+- ``diloco``, ``delta_averaging``: low-communication training (DiLoCo) and its delta all-reduce.
+- ``hivemind_patches``: our named fixes and hooks on hivemind 1.1.12.
+- ``bandwidth``: the shared token buckets that cap this peer's p2p traffic.
+- ``reachability``: direct, via relay or outbound only; the dial-back service.
+- ``metrics``: signed per-peer metrics in the DHT (the leaderboard's source).
+- ``limits``: priority, threads, GPU, bandwidth caps and the pause gate the worker applies to itself.
+- ``shard_cache``: the bounded, verified download cache of data shards.
+- ``recipes``: the built-in models, data pipelines, losses and evaluations.
+- ``keeper``: the backbone's engine half (follows the swarm's state, writes checkpoints).
+- ``selftest``: ``dedloc --self-test``, the installation check (drives a worker).
+
+The engine may import anything light (the top-level modules, ``catalog``, ``policy``, ``stats``);
+nothing light imports the engine, except the two entry points that start it inside the function
+that runs it: ``dedloc_core.cli`` (``dedloc worker``, ``--self-test``) and
+``dedloc_core.organizer.backbone`` (its ``keeper``). ``tests/test_layout.py`` holds that line.
+Importing this package, ``worker`` or ``channel`` loads no torch: the worker says hello first.
+"""

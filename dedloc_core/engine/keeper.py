@@ -1,0 +1,172 @@
+"""The backbone's engine half: it follows the swarm's training state, serves it to newcomers and
+writes checkpoints (``dedloc_core.organizer.backbone`` runs it once its HTTP side is up).
+
+``keep`` runs until ``stop`` is set; ``SyncKeeper`` follows a synchronous swarm, ``DilocoKeeper`` a
+DiLoCo swarm's outer model; ``Checkpoint`` writes the model and optimizer state atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from . import metrics, swarm
+from .diloco import DilocoOptimizer
+from .reachability import serve_dialback
+from .recipes import load_recipe
+from .training import kill_children
+
+logger = logging.getLogger(__name__)
+
+RECORD_PERIOD = 5.0  # seconds between reads of the peers' metrics
+
+
+def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Event, recorder,
+         write_ready: Callable[[dict], None]) -> None:
+    """Join the swarm of ``exp`` as its keeper (``args``: the backbone's options) until ``stop``."""
+    swarm.prepare_process()
+    recipe = load_recipe(exp.recipe, exp.recipe_params)
+    model = recipe.build_model(seed=0)
+    cfg = swarm.SwarmConfig(
+        run_id=exp.run_id,
+        target_batch_size=exp.target_batch_size,
+        batch_size_per_step=exp.batch_size_per_step,
+        initial_peers=args.initial_peer,
+        host_maddrs=args.listen or ["/ip4/127.0.0.1/tcp/0"],
+        announce_maddrs=args.announce,
+        identity_path=str(run_dir / "identity.key"),
+        matchmaking_time=exp.matchmaking_time,
+        averaging_timeout=exp.averaging_timeout,
+        relay_service=not args.no_relay,  # the backbone relays for volunteers behind NAT; they do not
+    )
+    dht = swarm.start_dht(cfg)
+    serve_dialback(dht)  # volunteers ask us whether we can reach them
+    metrics.add_validators(dht, exp.run_id)
+    keeper = _keeper(exp, dht, cfg, model, recipe)
+    opt = keeper.opt
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    checkpoint = Checkpoint(run_dir / "checkpoint.pt")
+    checkpoint.restore(model, keeper)
+    maddrs = [str(m) for m in dht.get_visible_maddrs()]
+    write_ready({"peer_id": str(dht.peer_id), "maddrs": maddrs, "http_url": http_url,
+                 "run_id": exp.run_id, "pid": os.getpid(), "epoch": opt.local_epoch, "mode": exp.mode})
+    logger.info("Backbone up (%s mode): %s", exp.mode, " ".join(maddrs))
+    last_saved = opt.local_epoch
+    next_record = 0.0
+    try:
+        while not stop.wait(args.poll):
+            if keeper.catch_up():
+                logger.info("Caught up with global step %d", opt.local_epoch)
+            if opt.local_epoch >= last_saved + args.checkpoint_every:
+                checkpoint.save(model, keeper)
+                last_saved = opt.local_epoch
+            if time.monotonic() >= next_record:
+                recorder.record(keeper.step(), keeper.num_peers(), metrics.fetch(dht, exp.run_id))
+                next_record = time.monotonic() + RECORD_PERIOD
+    finally:
+        if opt.local_epoch > last_saved:
+            checkpoint.save(model, keeper)
+        opt.shutdown()
+        dht.shutdown()
+        kill_children()
+
+
+class Checkpoint:
+    """The model, optimizer state and epoch, written atomically."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def save(self, model, keeper) -> None:
+        buf = tempfile.NamedTemporaryFile(dir=self.path.parent, prefix=".ckpt.", delete=False)
+        try:
+            with buf:
+                torch.save({"model": model.state_dict(), "optimizer": keeper.opt.state_dict(),
+                            "epoch": keeper.opt.local_epoch, "mode": keeper.mode}, buf)
+                buf.flush()
+                os.fsync(buf.fileno())
+            os.replace(buf.name, self.path)
+        except BaseException:
+            Path(buf.name).unlink(missing_ok=True)
+            raise
+        logger.info("Checkpoint saved at global step %d", keeper.opt.local_epoch)
+
+    def restore(self, model, keeper) -> None:
+        if not self.path.exists():
+            return
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
+            if state.get("mode", "sync") != keeper.mode:
+                raise ValueError(f"it was written in {state.get('mode', 'sync')} mode")
+            model.load_state_dict(state["model"])
+            keeper.opt.load_state_dict(state["optimizer"])
+        except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
+            logger.error("Ignoring unreadable checkpoint %s: %s", self.path, exc)
+            return
+        keeper.restored(state["epoch"])
+        logger.info("Restored checkpoint at global step %d", state["epoch"])
+
+
+def _keeper(exp, dht, cfg, model, recipe):
+    if exp.mode == "diloco":
+        return DilocoKeeper(exp, dht, cfg, model, recipe)
+    return SyncKeeper(dht, cfg, model, recipe)
+
+
+class SyncKeeper:
+    """Follows a synchronous (DeDLOC) swarm with a hivemind.Optimizer that never steps."""
+
+    mode = "sync"
+
+    def __init__(self, dht, cfg, model, recipe):
+        self.opt = swarm.build_optimizer(dht, cfg, model, recipe)
+
+    def catch_up(self) -> bool:
+        if self.opt.tracker.global_epoch > self.opt.local_epoch:
+            self.opt.load_state_from_peers()
+            return True
+        return False
+
+    def step(self) -> int:
+        return max(self.opt.tracker.global_epoch, self.opt.local_epoch)
+
+    def num_peers(self) -> int:
+        return self.opt.tracker.global_progress.num_peers
+
+    def restored(self, epoch: int) -> None:
+        self.opt.state_averager.local_epoch = epoch
+        self.opt.tracker.update_epoch(epoch)
+        self.opt.state_averager.state_sharing_priority = epoch
+
+
+class DilocoKeeper:
+    """Follows a DiLoCo swarm's outer model (``DilocoOptimizer`` as a follower: it never trains, never
+    joins a round, and does not announce itself, so no round waits for it); serves it to newcomers."""
+
+    mode = "diloco"
+
+    def __init__(self, exp, dht, cfg, model, recipe):
+        self.opt = DilocoOptimizer(dht, exp.run_id, model, recipe, exp.diloco, batch_size=exp.batch_size_per_step,
+                                   matchmaking_time=cfg.matchmaking_time, averaging_timeout=cfg.averaging_timeout,
+                                   follower=True)
+
+    def catch_up(self) -> bool:
+        return self.opt.follow()
+
+    def step(self) -> int:
+        return self.opt.local_epoch
+
+    def num_peers(self) -> int:
+        return self.opt.swarm_size()
+
+    def restored(self, epoch: int) -> None:
+        pass  # load_state_dict set the round

@@ -1,0 +1,114 @@
+"""The worker process: trains one experiment with hivemind, driven by the JSON-lines protocol.
+
+Run as ``dedloc worker`` or ``python -m dedloc_core.engine.worker``. Commands arrive on stdin; events go
+to the event channel, which is the original stdout (or ``--event-fd N``). Right at start the
+worker points fd 1 at stderr, so a stray ``print`` of a library (or of p2pd) cannot corrupt the
+protocol. EOF on stdin means the app is gone: the worker stops as if told to.
+
+Exit codes: 0 stopped cleanly, 1 crashed, 3 a fatal, explained error (bad data, bad experiment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+
+from dedloc_core import __version__
+from dedloc_core.errors import DedlocError, WorkerError
+from dedloc_core.protocol import Error, Hello, Start, State, Stop
+
+from .channel import Control, EventChannel, EventLogHandler, read_commands
+
+logger = logging.getLogger(__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dedloc worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--event-fd", type=int, default=None, help="write events to this fd (default stdout)")
+    parser.add_argument("--log-level", default=os.environ.get("DEDLOC_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+
+    event_fd = args.event_fd if args.event_fd is not None else os.dup(1)
+    command_fd = os.dup(0)
+    os.dup2(2, 1)  # stray prints (ours, libraries', children's) go to stderr
+    sys.stdout = sys.stderr
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # children inherit no command pipe
+    os.set_inheritable(event_fd, False)
+    channel = EventChannel(event_fd)
+    _setup_logging(args.log_level, channel)
+
+    control = Control()
+    channel.send(Hello(version=__version__, pid=os.getpid()))
+    channel.send(State(state="idle", reason="Waiting for an experiment"))
+    reader = threading.Thread(target=read_commands, args=(command_fd, control, channel), daemon=True)
+    reader.start()
+    return run(control, channel)
+
+
+def run(control: Control, channel: EventChannel) -> int:
+    """Wait for ``start``, train until ``stop``; return the exit code."""
+    while True:
+        command = control.commands.get()
+        if isinstance(command, Stop):
+            channel.send(State(state="stopped", reason="Stopped"))
+            return 0
+        if isinstance(command, Start):
+            break
+    try:
+        check_experiment(command.experiment)  # fail fast, before loading torch and hivemind
+        from .training import Session  # imports torch and hivemind
+
+        carried = None
+        while True:
+            with Session(command, control, channel, carried) as session:
+                session.train()
+            if not session.rejoin or control.stop.is_set():
+                break
+            carried = session.totals()  # a fresh session: a new p2pd, the swarm's current state
+            command = command.model_copy(update={"start_paused": False})
+        channel.send(State(state="stopped", reason="Stopped"))
+        return 0
+    except DedlocError as exc:
+        logger.error("%s: %s", exc.title, exc.message)
+        channel.send(Error(code=exc.code, title=exc.title, message=exc.message, fatal=True))
+        return 3
+    except BaseException as exc:  # noqa: BLE001 - a crash must end with an error event
+        logger.exception("Worker crashed")
+        err = WorkerError(f"{type(exc).__name__}: {exc}", code="crash")
+        channel.send(Error(code=err.code, title=err.title, message=err.message, fatal=True))
+        return 1
+
+
+def check_experiment(experiment: dict) -> None:
+    """Raise ``WorkerError(code="bad_experiment")`` unless ``experiment`` is a valid catalog entry.
+
+    The Session checks it again; this check only spares a bad experiment the seconds (and hundreds
+    of MB) of importing torch and hivemind before it is reported."""
+    import json
+
+    from dedloc_core.catalog import Experiment
+
+    try:
+        Experiment.model_validate_json(json.dumps(experiment))
+    except ValueError as exc:
+        raise WorkerError(f"The experiment description is invalid: {exc}", code="bad_experiment") from exc
+
+
+def _setup_logging(level: str, channel: EventChannel) -> None:
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setLevel(getattr(logging, level.upper(), logging.INFO))
+    stderr.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [worker %(process)d] %(name)s: %(message)s"))
+    root.addHandler(stderr)
+    root.addHandler(EventLogHandler(channel))
+
+
+__all__ = ["check_experiment", "main", "run"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""The organizer's side: the backbone node, its HTTP server, and the demo.
+
+The code is organized as follows:
+
+- ``backbone``: ``dedloc backbone``, the headless node (DHT bootstrap, relay, catalog and data over
+  HTTP, ``/swarm.json``, the learning curve and contributions); its training state is kept by
+  ``dedloc_core.engine.keeper``, imported only when the node runs.
+- ``httpserve``: a small static HTTP server (files, bytes, callables, ranges).
+- ``demo``: ``dedloc demo``, a backbone and volunteer workers on loopback.
+
+Light at import: the standard library and the light rooms.
+"""
