@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from dedloc_core import autostart, joining, prefs, secrets
 from dedloc_core.catalog import Experiment, LoadResult
 from dedloc_core.catalog import child as catalog_child
+from dedloc_core.errors import user_message
 from dedloc_core.policy import hardware, idle
 from dedloc_core.policy.contributor import Contributor, Pause, ReleaseWorker, Resume, SetLimits, StartWorker
 from dedloc_core.policy.idle import NullIdle
@@ -112,26 +113,26 @@ class Controller(QObject):
             self.sync_autostart()  # the entry may have been removed by hand or by another install
         if detect_idle:
             self.bridge.run(lambda: (idle.detect(), gpu_probe()), self._on_probes,
-                            lambda exc: self.note("ERROR", f"Idle detection failed: {exc}"))
+                            lambda exc: self.fail(exc, doing="Idle detection"))
         self.bridge.run(hardware.probe, self._on_hardware,
-                        lambda exc: self.note("ERROR", f"Hardware detection failed: {exc}"))
+                        lambda exc: self.fail(exc, doing="Hardware detection"))
         self.refresh_catalog(rejoin=True)
 
     def refresh_catalog(self, rejoin: bool = False) -> None:
-        url = joining.catalog_url()
+        url, previous = joining.catalog_url(), self.catalog
 
         def work() -> LoadResult:  # verified in a child process: no cryptography in the tray
-            return catalog_child.load(url or "")
+            return catalog_child.load(url or "", previous=previous)
 
         def done(result: LoadResult) -> None:
             self.catalog = result
             if result.error:
-                self.note("WARNING", f"{result.error.title}: {result.error.message}")
+                self.fail(result.error, level="WARNING")
             self.catalog_changed.emit(result)
             if rejoin and self.prefs.consent and self.prefs.experiment_id and not self.joined:
                 self.join(self.prefs.experiment_id)
 
-        self.bridge.run(work, done, lambda exc: self.note("ERROR", f"Loading the catalog failed: {exc}"))
+        self.bridge.run(work, done, lambda exc: self.fail(exc, doing="Loading the catalog"))
 
     def _on_probes(self, probes) -> None:
         self.contributor.sampler.idle, self.contributor.sampler.gpu = probes
@@ -150,7 +151,7 @@ class Controller(QObject):
         self.contributor.prefs = new
         self.prefs_changed.emit(new)
         self.bridge.run(lambda: prefs.save(new, self.prefs_path), None,
-                        lambda exc: self.note("ERROR", f"Could not save preferences: {exc}"))
+                        lambda exc: self.fail(exc, doing="Saving the preferences"))
         if new.start_at_login != old.start_at_login:
             self.sync_autostart()
         self.tick()
@@ -167,12 +168,12 @@ class Controller(QObject):
             return str(entry.where)
 
         self.bridge.run(work, lambda where: self.note("INFO", f"Start at login {'on' if on else 'off'} ({where})"),
-                        lambda exc: self.note("ERROR", f"Start at login: {exc}"))
+                        lambda exc: self.fail(exc, doing="Start at login"))
 
     def store_token(self, experiment_id: str, token: str) -> None:
         self.bridge.run(lambda: secrets.set_token(experiment_id, token),
                         lambda _: self.note("INFO", f"Access token for {experiment_id} stored in the keyring"),
-                        lambda exc: self.note("ERROR", str(exc)))
+                        lambda exc: self.fail(exc, doing="Storing the access token"))
 
     # ---- join / leave ----------------------------------------------------------------------------
 
@@ -310,8 +311,15 @@ class Controller(QObject):
 
     def _on_error(self, event: Error) -> None:
         self.last_error = event
-        self.note("ERROR", f"{event.title}: {event.message}", source="worker")
+        self.fail(event, source="worker")
         self._update_status()
+
+    def fail(self, error: object, *, doing: str = "", level: str = "ERROR", source: str = "app") -> None:
+        """Log ``error`` (an exception or a worker's ``Error`` event) as the user reads it: one
+        translation for all (``errors.user_message``), with what to do."""
+        msg = user_message(error)
+        text = f"{doing}: {msg.line()}" if doing else msg.line()
+        self.note(level, text + (f" What to do: {msg.hint}" if msg.hint else ""), source=source)
 
     def note(self, level: str, message: str, source: str = "app") -> None:
         entry = LogEntry(time.time(), level, source, message)
@@ -338,7 +346,7 @@ class Controller(QObject):
                 reason = f"Paused: {reason[0].lower()}{reason[1:]}"
             return Status("paused", reason)
         if not self.supervisor.running() and self.last_error is not None:
-            return Status("error", f"{self.last_error.title}: {self.last_error.message}")
+            return Status("error", user_message(self.last_error).line())
         ws = self.worker_state
         if ws is None or ws.state in ("idle", "preparing", "joining"):
             return Status("starting", ws.reason if ws and ws.reason else f"Starting {self.joined.title}…")

@@ -109,7 +109,7 @@ def build(qapp: QApplication, *, prefs_path: Path | None = None, env: dict[str, 
 def _stats():
     """The stats store and the recorder that feeds it; (None, None) if the database cannot be opened
     (the Statistics page then says why; contributing goes on)."""
-    from dedloc_core.errors import DedlocError
+    from dedloc_core.errors import DedlocError, user_message
     from dedloc_core.stats.db import StatsStore
     from dedloc_core.stats.recorder import StatsRecorder
 
@@ -117,7 +117,7 @@ def _stats():
         store = StatsStore()
         return store, StatsRecorder(StatsStore(store.path, threadsafe=True)).start()
     except DedlocError as exc:
-        logger.error("Statistics are off: %s", exc)
+        logger.error("Statistics are off: %s", user_message(exc).line())
         return None, None
 
 

@@ -21,7 +21,7 @@ import psutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from dedloc_core import paths
-from dedloc_core.errors import DedlocError
+from dedloc_core.errors import DedlocError, user_message
 from dedloc_core.protocol import Error, Hello, Limits, Log, Pause, Progress, Resume, SetLimits, Start, State, Stats
 from dedloc_core.workerproc import StopResult, WorkerProcess
 
@@ -145,7 +145,7 @@ class Supervisor(QObject):
 
         def failed(exc: BaseException) -> None:
             if generation == self._generation:
-                self._failed(f"The worker could not start: {exc}")
+                self._failed(f"The worker could not start: {user_message(exc).line()}")
 
         self.bridge.run(lambda: self._lifecycle.submit(work).result(), started, failed)
 

@@ -43,6 +43,16 @@ def trusted_key_paths() -> list[Path] | None:
         return [Path(shipped), Path(extra)]
 
 
+def progress_period() -> float:
+    """Seconds between the worker's progress reports: 1, or ``DEDLOC_PROGRESS_PERIOD`` (benchmarks
+    speed the events up with it; a value that is not a positive number is ignored)."""
+    try:
+        value = float(os.environ.get("DEDLOC_PROGRESS_PERIOD", "1"))
+    except ValueError:
+        return 1.0
+    return value if 0 < value <= 3600 else 1.0
+
+
 def swarm_summary_url() -> str | None:
     """The backbone's swarm summary, served next to the catalog."""
     url = catalog_url()
@@ -71,4 +81,5 @@ def start_command(experiment: Experiment, prefs: Preferences, *, limits: Limits,
         limits=limits,
         start_paused=start_paused,
         display_name=prefs.display_name,
+        progress_period=progress_period(),
     )

@@ -144,6 +144,7 @@ class Error(_Message):
     code: str
     title: str
     message: str
+    hint: str = ""  # what the user can do (errors.user_message)
     fatal: bool = False
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -107,17 +107,70 @@ def start_command(server: FileServer, home: Path, *, initial_peers=None, seed=0,
     )
 
 
-@pytest.fixture(autouse=True, scope="session")
-def reap_leftovers():
-    """Fail loudly (and clean up) if the suite leaves p2pd or worker processes behind."""
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    leftovers = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    for proc in leftovers:
+# Every process this session starts carries this mark in its environment (children inherit it),
+# so a leftover is found even after its parent died and it was re-parented to init.
+SESSION_MARK = f"{os.getpid()}-{time.time_ns()}"
+os.environ["DEDLOC_TEST_SESSION"] = SESSION_MARK
+# Helpers that outlive their clients by design and exit on their own once the session does.
+_BENIGN = ("torch_shm_manager", "multiprocessing.resource_tracker", "multiprocessing.forkserver")
+_first_seen: dict[tuple[int, float], str] = {}  # (pid, create time) -> the test after which it ran
+
+
+def session_processes() -> list[psutil.Process]:
+    """Processes started by this test session (other than pytest itself), alive or zombie."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid == os.getpid():
+            continue
         try:
-            proc.send_signal(signal.SIGKILL)
+            if proc.environ().get("DEDLOC_TEST_SESSION") != SESSION_MARK:
+                continue
+            if proc.status() == psutil.STATUS_ZOMBIE or any(b in " ".join(proc.info["cmdline"] or []) for b in _BENIGN):
+                continue
+        except psutil.Error:
+            continue
+        found.append(proc)
+    return found
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        started = proc.create_time()
+        cmd = " ".join(proc.cmdline())[:160]
+    except psutil.Error:
+        return f"pid {proc.pid} (gone)"
+    return f"pid {proc.pid} {cmd!r}, left by {_first_seen.get((proc.pid, started), 'the session fixtures')}"
+
+
+@pytest.fixture(autouse=True)
+def _note_leftovers(request):
+    """After each test, remember which test the session's running processes outlived first."""
+    yield
+    for proc in session_processes():
+        try:
+            _first_seen.setdefault((proc.pid, proc.create_time()), request.node.nodeid)
         except psutil.Error:
             pass
+
+
+@pytest.fixture(autouse=True, scope="session")
+def reap_leftovers():
+    """Fail the run, naming them, if the suite leaves processes behind (p2pd, workers, Xvfb, ...);
+    kill them either way."""
+    yield
+    deadline = time.monotonic() + 10  # what a test stopped a moment ago may still be exiting
+    leftovers = session_processes()
+    while leftovers and time.monotonic() < deadline:
+        time.sleep(0.5)
+        leftovers = session_processes()
+    described = [_describe(p) for p in leftovers]
+    for proc in leftovers:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    if described:
+        pytest.fail("processes left behind by the tests:\n  " + "\n  ".join(described), pytrace=False)
 
 
 def serve_signed_catalog(server: FileServer, tmp_path: Path, monkeypatch, experiments: list[dict]) -> FileServer:

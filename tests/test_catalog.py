@@ -30,7 +30,7 @@ from dedloc_core.catalog import (
     verify_catalog,
 )
 from dedloc_core.catalog.shards import resolve_url
-from dedloc_core.errors import CatalogError
+from dedloc_core.errors import EXIT_EXPLAINED, CatalogError
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -495,7 +495,7 @@ def test_cli_keygen_sign_verify(tmp_path):
     with pytest.raises(ValueError):
         serialization.load_pem_private_key(pem, b"wrong")
     assert pub_file.read_text().startswith("ed25519 ")
-    assert cli("keygen", "--out", str(keydir), "--name", "org").returncode == 1  # never overwrites
+    assert cli("keygen", "--out", str(keydir), "--name", "org").returncode == EXIT_EXPLAINED  # never overwrites
 
     now = datetime.now(UTC)
     src, dst = tmp_path / "catalog.json", tmp_path / "signed.json"
@@ -513,14 +513,14 @@ def test_cli_keygen_sign_verify(tmp_path):
     tampered = tmp_path / "tampered.json"
     tampered.write_bytes(dst.read_bytes().replace(b"Tiny LM demo", b"Tiny LM dema"))
     out = cli("verify", str(tampered), "--trusted-key", str(pub_file), "--json")
-    assert out.returncode == 1 and json.loads(out.stdout)["code"] == "tampered"
+    assert out.returncode == EXIT_EXPLAINED and json.loads(out.stdout)["code"] == "tampered"
     out = cli("verify", str(tampered), "--trusted-key", str(pub_file))
-    assert out.returncode == 1 and "[tampered]" in out.stderr
+    assert out.returncode == EXIT_EXPLAINED and "[tampered]" in out.stderr
 
     out = cli("sign", "--key", str(key_file), "--in", str(src), "--out", str(dst), env_passphrase="wrong")
-    assert out.returncode == 1 and "bad_key" in out.stderr
+    assert out.returncode == EXIT_EXPLAINED and "bad_key" in out.stderr
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(catalog_dict(experiment(recipe="gpt-17"), issued=now)))
     out = cli("sign", "--key", str(key_file), "--in", str(bad), "--out", str(tmp_path / "x.json"))
-    assert out.returncode == 1 and "unknown_recipe" in out.stderr
+    assert out.returncode == EXIT_EXPLAINED and "unknown_recipe" in out.stderr
     assert not (tmp_path / "x.json").exists()

@@ -20,6 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dedloc_core.errors import EXIT_EXPLAINED
+
 pytestmark = [pytest.mark.installer, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,7 +149,7 @@ def test_self_test_trains_the_albert_recipe(built, tmp_path):
 
 def test_self_test_fails_clearly(built, tmp_path):
     out = run_exe("--self-test", "--timeout", "0.5", timeout=120, home=tmp_path)
-    assert out.returncode == 1
+    assert out.returncode == EXIT_EXPLAINED
     assert "Self-test failed at: worker" in out.stderr or "Timed out" in out.stderr, out.stderr
 
 

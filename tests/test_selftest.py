@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+from dedloc_core.errors import EXIT_EXPLAINED
+
 
 def selftest(*args: str, home, timeout: float = 240):
     env = {**os.environ, "DEDLOC_HOME": str(home)}
@@ -27,11 +29,11 @@ def test_self_test_passes(tmp_path):
 
 def test_self_test_names_the_failing_step(tmp_path):
     out = selftest("--experiment", "no-such-experiment", home=tmp_path)
-    assert out.returncode == 1
+    assert out.returncode == EXIT_EXPLAINED
     assert "Self-test failed at: catalog" in out.stderr and "no experiment 'no-such-experiment'" in out.stderr
 
     out = selftest("--timeout", "0.5", home=tmp_path)
-    assert out.returncode == 1
+    assert out.returncode == EXIT_EXPLAINED
     # 0.5 s runs out while the worker starts (no hello yet) or while it joins: either is named.
     assert "Self-test failed at: worker" in out.stderr or "Timed out after 0.5 s" in out.stderr, out.stderr
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from dedloc_core.errors import EXIT_EXPLAINED
 from dedloc_core.protocol import State, Stats
 from dedloc_core.stats.cli import main
 from dedloc_core.stats.db import local_midnight
@@ -40,7 +41,7 @@ def test_prints_today_week_and_all_time(tmp_path, capsys):
 
 
 def test_bad_files_give_clear_errors(tmp_path, capsys):
-    assert main(["--db", str(tmp_path / "missing.db")]) == 2
+    assert main(["--db", str(tmp_path / "missing.db")]) == EXIT_EXPLAINED
     assert "No statistics file" in capsys.readouterr().err
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"garbage" * 100)

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from dedloc_core.catalog import Experiment, LoadResult
+from dedloc_core.errors import user_message
 from dedloc_core.protocol import Progress
 
 from ..controller import Controller
@@ -72,7 +73,9 @@ class ExperimentsPage(QWidget):
         if result.error is not None:
             shown = {"last_good": "the last good catalog", "default": "the catalog shipped with the app"}
             still = f" Showing {shown[result.source]}." if result.source in shown else ""
-            self.error.setText(f"<b>{escape(result.error.title)}</b>: {escape(result.error.message)}{escape(still)}")
+            msg = user_message(result.error)
+            hint = f"<br>{escape(msg.hint)}" if msg.hint else ""
+            self.error.setText(f"<b>{escape(msg.title)}</b>: {escape(msg.message)}{escape(still)}{hint}")
             self.error.show()
         else:
             self.error.hide()

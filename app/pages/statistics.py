@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from dedloc_core.errors import DedlocError
+from dedloc_core.errors import DedlocError, user_message
 from dedloc_core.stats.db import DAY, HOUR, Point, StatsStore, Totals, hour_of, local_midnight
 from dedloc_core.stats.swarmview import SwarmSummary, parse_summary, short_peer_id
 
@@ -77,7 +77,7 @@ class StatisticsPage(QWidget):
         try:
             self.store: StatsStore | None = store if isinstance(store, StatsStore) else StatsStore(store)
         except DedlocError as exc:  # a broken file: say so, keep the file, show the rest
-            self.store, self.error = None, f"{exc.title}: {exc.message}"
+            self.store, self.error = None, user_message(exc).line()
         self.peer_id = peer_id
         self.swarm: SwarmSummary | None = None
         self.charts: dict[str, Any] = {}  # built on first show
@@ -262,7 +262,7 @@ class StatisticsPage(QWidget):
         try:
             self.swarm = summary if isinstance(summary, SwarmSummary) else parse_summary(summary)
         except DedlocError as exc:
-            self.swarm_line.setText(f"{exc.title}: {exc.message}")
+            self.swarm_line.setText(user_message(exc).line())
             return
         self._update_swarm()
 
@@ -313,7 +313,7 @@ class StatisticsPage(QWidget):
         try:
             rows = self.store.export_csv(path)
         except OSError as exc:
-            self.error = f"Could not export to {path}: {exc.strerror or exc}"
+            self.error = f"Could not export to {path}: {user_message(exc).line()}"
             self._show_notice()
             return 0
         self.error = None

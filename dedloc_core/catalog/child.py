@@ -4,7 +4,8 @@ Signature checks need ``cryptography`` (about 12 MB resident once loaded), and t
 untrusted input; the tray app keeps neither in its own long-lived process. The child runs
 ``CatalogStore.refresh`` (or ``load_default``) exactly as the app would, then prints one JSON
 object: the verified catalog's payload, the error, the source. The app validates the payload
-against the schema again (pydantic only) and gets the same ``LoadResult``.
+against the schema again (pydantic only) and gets the same ``LoadResult``. When the child fails, the
+app keeps what it had and says so; it never checks signatures itself.
 
     python -m dedloc_core.catalog.child        (the frozen app: ``dedloc --catalog-child``)
 """
@@ -20,7 +21,7 @@ from dedloc_core import joining
 from dedloc_core.errors import CatalogError
 from dedloc_core.workerproc import dedloc_command
 
-from .model import Catalog
+from .model import Catalog, catalog_error
 from .signing import load_trusted_keys
 from .store import CatalogStore, LoadResult
 
@@ -35,7 +36,7 @@ def command() -> list[str]:
 
 
 def load_here(url: str | None = None) -> LoadResult:
-    """What the child does (also the fallback when no child can run)."""
+    """What the child does (in the child process: it loads ``cryptography``)."""
     url = joining.catalog_url() if url is None else url
     store = CatalogStore()
     keys = load_trusted_keys(joining.trusted_key_paths())
@@ -60,21 +61,25 @@ def decode(text: str) -> LoadResult:
         source=data["source"], expired=bool(data["expired"]))
 
 
-def load(url: str | None = None, timeout: float = TIMEOUT, *, fallback: bool = True) -> LoadResult:
+def load(url: str | None = None, timeout: float = TIMEOUT, *, previous: LoadResult | None = None) -> LoadResult:
     """The catalog as ``load_here`` gives it, computed in a child process. If the child cannot run
-    or answers nonsense, the work is done here instead (and logged): the catalog is never lost.
-    With ``fallback=False`` that failure raises instead."""
+    or answers nonsense, nothing is checked here (that would load ``cryptography`` into the tray):
+    the result is ``previous`` (the last good catalog the caller has, or none) with a
+    ``check_failed`` error that says what went wrong."""
     args = command() + ([url] if url is not None else [])
     try:
         out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=True)
         return decode(out.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError, TypeError) as exc:
-        if not fallback:
-            raise
-        stderr = getattr(exc, "stderr", "") or ""
-        logger.warning("The catalog child failed (%s) %s; checking the catalog in this process",
-                       exc, stderr[-500:])
-        return load_here(url)
+        stderr = (getattr(exc, "stderr", "") or "").strip()
+        logger.warning("The catalog child failed (%s) %s", exc, stderr[-500:])
+        why = stderr.splitlines()[-1] if stderr else str(exc)
+        kept = "showing the catalog loaded before" if previous and previous.catalog else "no catalog to show yet"
+        error = catalog_error("check_failed", f"The catalog could not be checked ({why[:300]}); {kept}. "
+                                              "It is tried again at the next refresh.")
+        if previous is None:
+            return LoadResult(None, error, "none", False)
+        return LoadResult(previous.catalog, error, previous.source, previous.expired)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 
-from dedloc_core.errors import CatalogError
+from dedloc_core.errors import CatalogError, DedlocError, report, user_message
 
 from .model import PASSPHRASE_ENV
 from .signing import (
@@ -47,17 +47,14 @@ def _passphrase(confirm: bool) -> str:
 
 
 def _reporting(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Turn a CatalogError or OSError into a message on stderr and exit status 1."""
+    """Turn a DedlocError or OSError into the CLIs' message on stderr and exit status (``errors.report``)."""
 
     @wraps(command)
     def run(args: argparse.Namespace) -> int:
         try:
             return command(args)
-        except CatalogError as exc:
-            print(f"{exc.title} [{exc.code}]: {exc.message}", file=sys.stderr)
-        except OSError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-        return 1
+        except (DedlocError, OSError) as exc:
+            return report(exc)
 
     return run
 
@@ -105,10 +102,11 @@ def _verify(args: argparse.Namespace) -> int:
         catalog = verify_catalog(data, keys)
     except CatalogError as exc:
         if args.json:
-            print(json.dumps({"ok": False, "code": exc.code, "title": exc.title, "message": exc.message}))
-        else:
-            print(f"{exc.title} [{exc.code}]: {exc.message}", file=sys.stderr)
-        return 1
+            msg = user_message(exc)
+            print(json.dumps({"ok": False, "code": msg.code, "title": msg.title, "message": msg.message,
+                              "hint": msg.hint}))
+            return msg.exit_code
+        raise
     if args.json:
         print(json.dumps({"ok": True, "catalog": catalog.model_dump(mode="json")}))
         return 0
@@ -124,8 +122,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     result = CatalogStore().load_default()
     if result.catalog is None:
-        print(f"no catalog: {result.error}", file=sys.stderr)
-        return 1
+        return report(result.error or CatalogError("No catalog could be loaded.", code="malformed"))
     flag = " (expired)" if result.expired else ""
     print(f"catalog {result.catalog.catalog_id} from {result.source}{flag}")
     for exp in result.catalog.experiments:

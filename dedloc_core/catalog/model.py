@@ -54,6 +54,7 @@ _TITLES = {
     "unreachable": "Catalog server unreachable",
     "bad_url": "Bad catalog URL",
     "bad_key": "Bad key",
+    "check_failed": "Catalog not checked",
 }
 # When one catalog has several problems, the most specific code wins.
 _PRIORITY = ("unsafe_name", "unknown_recipe", "invalid_value", "invalid")

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from dedloc_core import __version__, paths
-from dedloc_core.errors import DedlocError
+from dedloc_core.errors import DedlocError, report, user_message
 from dedloc_core.protocol import Error, Limits, Progress, Start, State
 from dedloc_core.workerproc import StopResult, WorkerProcess
 
@@ -32,7 +32,8 @@ MICRO_BATCHES_PER_STEP = 4
 
 class SelfTestFailed(DedlocError):
     def __init__(self, step: str, message: str):
-        super().__init__(message, title=f"Self-test failed at: {step}", code="selftest")
+        super().__init__(message, title=f"Self-test failed at: {step}", code="selftest",
+                         hint="Run it again with --keep DIR to keep the worker's log, and report the failing step.")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,12 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with tempfile.TemporaryDirectory(prefix="dedloc-selftest-") as tmp:
                 run(args, Path(tmp))
-    except DedlocError as exc:
-        print(f"\n{exc.title}\n  {exc.message}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print("\nInterrupted.", file=sys.stderr)
-        return 130
+    except (DedlocError, KeyboardInterrupt) as exc:
+        print(file=sys.stderr)
+        return report(exc)
     print(f"Self-test passed in {time.monotonic() - began:.1f} s.", flush=True)
     return 0
 
@@ -161,7 +159,7 @@ def _watch(args: argparse.Namespace, worker: WorkerProcess, deadline: float, exp
             raise SelfTestFailed(step, f"Timed out after {args.timeout:g} s.")
         if isinstance(event, Error):
             if event.fatal:
-                raise SelfTestFailed(step, f"{event.title}: {event.message}")
+                raise SelfTestFailed(step, user_message(event).line())
             continue
         if isinstance(event, State):
             if event.state == "training" and step == "joining":

@@ -5,7 +5,8 @@ to the event channel, which is the original stdout (or ``--event-fd N``). Right 
 worker points fd 1 at stderr, so a stray ``print`` of a library (or of p2pd) cannot corrupt the
 protocol. EOF on stdin means the app is gone: the worker stops as if told to.
 
-Exit codes: 0 stopped cleanly, 1 crashed, 3 a fatal, explained error (bad data, bad experiment).
+Exit codes (``errors.EXIT_*``): 0 stopped cleanly, 1 crashed (a bug), 3 a fatal, explained error (bad
+data, bad experiment, a full disk).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import threading
 
 from dedloc_core import __version__
-from dedloc_core.errors import DedlocError, WorkerError
+from dedloc_core.errors import EXIT_EXPLAINED, EXIT_UNEXPECTED, DedlocError, WorkerError, user_message
 from dedloc_core.protocol import Error, Hello, Start, State, Stop
 
 from .channel import Control, EventChannel, EventLogHandler, read_commands
@@ -73,14 +74,20 @@ def run(control: Control, channel: EventChannel) -> int:
         channel.send(State(state="stopped", reason="Stopped"))
         return 0
     except DedlocError as exc:
-        logger.error("%s: %s", exc.title, exc.message)
-        channel.send(Error(code=exc.code, title=exc.title, message=exc.message, fatal=True))
-        return 3
+        return _fatal(channel, exc, EXIT_EXPLAINED)
+    except OSError as exc:  # a full disk, a missing permission: say which, not "crashed"
+        logger.exception("Worker stopped")
+        return _fatal(channel, exc, EXIT_EXPLAINED)
     except BaseException as exc:  # noqa: BLE001 - a crash must end with an error event
         logger.exception("Worker crashed")
-        err = WorkerError(f"{type(exc).__name__}: {exc}", code="crash")
-        channel.send(Error(code=err.code, title=err.title, message=err.message, fatal=True))
-        return 1
+        return _fatal(channel, WorkerError(f"{type(exc).__name__}: {exc}", code="crash"), EXIT_UNEXPECTED)
+
+
+def _fatal(channel: EventChannel, exc: BaseException, exit_code: int) -> int:
+    msg = user_message(exc)
+    logger.error("%s", msg.line())
+    channel.send(Error(code=msg.code, title=msg.title, message=msg.message, hint=msg.hint, fatal=True))
+    return exit_code
 
 
 def check_experiment(experiment: dict) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from dedloc_core import paths
 from dedloc_core.catalog import load_trusted_keys, verify_catalog
-from dedloc_core.errors import DedlocError
+from dedloc_core.errors import DedlocError, report, user_message
 from dedloc_core.stats.swarmview import SwarmView
 
 from .httpserve import FileServer
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return Backbone(args).run()
     except DedlocError as exc:
-        logger.error("%s: %s", exc.title, exc.message)
-        return 3
+        logger.error("%s", user_message(exc).line())
+        return report(exc)
 
 
 class Backbone:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dedloc_core.errors import DedlocError
+from dedloc_core.errors import EXIT_EXPLAINED, EXIT_INTERRUPTED, DedlocError, report, user_message
 from dedloc_core.protocol import Error, Limits, Progress, Start, State
 from dedloc_core.workerproc import WorkerProcess, dedloc_command
 
@@ -78,10 +78,10 @@ class Demo:
         except KeyboardInterrupt:
             print("\nInterrupted; stopping …", flush=True)
             self._summary(began)
-            return 130
+            return EXIT_INTERRUPTED
         except DedlocError as exc:
-            print(f"\n{exc.title}: {exc.message}", file=sys.stderr)
-            return 1
+            print(file=sys.stderr)
+            return report(exc)
         finally:
             self._save_swarm()
             self._stop_all()
@@ -160,8 +160,8 @@ class Demo:
             for view in self.views:
                 fatal = [e for e in view.errors if e.fatal]
                 if fatal:
-                    print(f"\nA volunteer failed: {fatal[0].title}: {fatal[0].message}", file=sys.stderr)
-                    return 1
+                    print(f"\nA volunteer failed: {user_message(fatal[0]).line()}", file=sys.stderr)
+                    return EXIT_EXPLAINED
             step = self._line()
             if step >= self.args.steps:
                 print()
@@ -169,7 +169,7 @@ class Demo:
                 return 0
         print("\nTimed out.", file=sys.stderr)
         self._summary(began)
-        return 1
+        return EXIT_EXPLAINED
 
     def _line(self) -> int:
         progress = [v.progress for v in self.views if v.progress]
@@ -213,7 +213,7 @@ class Demo:
             try:
                 summary = fetch_summary(url + "swarm.json", timeout=5)
             except SwarmUnavailable as exc:
-                print(f"{exc.title}: {exc.message}", file=sys.stderr)
+                report(exc)
                 return
             if summary.global_step >= reached or time.monotonic() > deadline:
                 break

@@ -10,9 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from dedloc_core.errors import DedlocError
+from dedloc_core.errors import DedlocError, report
 
-from .db import PERIOD_TITLES, StatsStore, Totals, default_path
+from .db import PERIOD_TITLES, StatsError, StatsStore, Totals, default_path
 
 
 def _bytes(n: float) -> str:
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     path = args.db or default_path()
     if args.db is not None and not path.exists():
-        print(f"No statistics file at {path}.", file=sys.stderr)
-        return 2
+        return report(StatsError(f"No statistics file at {path}.", hint="Check the path given with --db."))
     try:
         with StatsStore(path) as store:
             experiments = store.experiments()
@@ -77,12 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.csv:
                 rows = store.export_csv(args.csv)
                 print(f"\nExported {rows} rows to {args.csv}")
-    except DedlocError as exc:
-        print(f"{exc.title}: {exc.message}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"Could not write {args.csv}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+    except (DedlocError, OSError) as exc:
+        return report(exc)
     return 0
 
 
