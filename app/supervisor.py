@@ -60,6 +60,10 @@ class Supervisor(QObject):
         self.failures = 0
         self.last_state: State | None = None
         self._generation = 0
+        # Events not yet handed to the GUI thread, in order; a Progress or Stats replaces the one of
+        # its kind since the last other event (it supersedes it), so a fast worker piles nothing up.
+        self._pending: list[tuple[int, object]] = []
+        self._pending_lock = threading.Lock()
         self._training_since: float | None = None
         self._lifecycle = ThreadPoolExecutor(max_workers=1, thread_name_prefix="supervisor")
         self._restart = QTimer(self)
@@ -164,10 +168,29 @@ class Supervisor(QObject):
             future.add_done_callback(lambda f: self.bridge.post(lambda: done(f.result())))
 
     def _from_worker(self, generation: int, event: object) -> None:
-        """On the worker's reader thread: record, then hand the event to the GUI thread."""
+        """On the worker's reader thread: record, then hand the event to the GUI thread. Progress and
+        Stats are coalesced (the GUI shows the latest); every event keeps its order."""
         if self.recorder is not None:
             self.recorder.on_event(event)
-        self.bridge.post(lambda: self._on_event(generation, event))
+        with self._pending_lock:
+            schedule = not self._pending
+            if isinstance(event, Progress | Stats):
+                for i in range(len(self._pending) - 1, -1, -1):
+                    kind = type(self._pending[i][1])
+                    if kind is type(event):
+                        self._pending[i] = (generation, event)
+                        return
+                    if kind not in (Progress, Stats):
+                        break
+            self._pending.append((generation, event))
+        if schedule:
+            self.bridge.post(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._pending_lock:
+            due, self._pending = self._pending, []
+        for generation, event in due:
+            self._on_event(generation, event)
 
     def _watch(self, worker: WorkerProcess, generation: int) -> None:
         assert worker.proc is not None

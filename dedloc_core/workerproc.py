@@ -49,8 +49,15 @@ def worker_command() -> list[str]:
     return [sys.executable, "-m", "dedloc_core.engine.worker"]
 
 
+# Events kept for ``wait_for`` when nobody passed ``on_event``; beyond this the oldest are dropped
+# (minutes of a worker's events at the default progress period).
+EVENT_BACKLOG = 1000
+
+
 class WorkerProcess:
-    """One worker process. Events go to ``on_event`` (from a reader thread) and to ``events``."""
+    """One worker process. Its events go to ``on_event`` (called from a reader thread) when given;
+    otherwise to ``events``, a bounded queue for ``wait_for`` (the oldest are dropped when full).
+    Never both: a queue nobody reads would keep every event for as long as the worker lives."""
 
     def __init__(
         self,
@@ -66,7 +73,7 @@ class WorkerProcess:
         self.on_event = on_event
         self.extra_args = extra_args or []
         self.launcher = launcher or []  # a command prefix, e.g. ["ip", "netns", "exec", NS] (it must exec)
-        self.events: queue.Queue = queue.Queue()
+        self.events: queue.Queue = queue.Queue(EVENT_BACKLOG)
         self.proc: subprocess.Popen | None = None
         self.hello: Hello | None = None
         self._hello_seen = threading.Event()
@@ -111,14 +118,26 @@ class WorkerProcess:
             if isinstance(event, Hello):
                 self.hello = event
                 self._hello_seen.set()
-            self.events.put(event)
-            if self.on_event is not None:
-                try:
-                    self.on_event(event)
-                except Exception:  # noqa: BLE001 - a bad callback must not stop the reader
-                    logger.exception("Event callback failed")
+            if self.on_event is None:
+                self._queue(event)
+                continue
+            try:
+                self.on_event(event)
+            except Exception:  # noqa: BLE001 - a bad callback must not stop the reader
+                logger.exception("Event callback failed")
         self._hello_seen.set()
-        self.events.put(None)  # end of stream
+        self._queue(None)  # end of stream
+
+    def _queue(self, event: object) -> None:
+        while True:
+            try:
+                self.events.put_nowait(event)
+                return
+            except queue.Full:
+                try:
+                    self.events.get_nowait()  # drop the oldest
+                except queue.Empty:
+                    pass
 
     def send(self, command) -> bool:
         """Send one command; False if the worker is gone."""
@@ -137,6 +156,8 @@ class WorkerProcess:
 
     def wait_for(self, predicate: Callable[[object], bool], timeout: float) -> object | None:
         """Consume events until one matches; None on timeout or end of stream."""
+        if self.on_event is not None:
+            raise RuntimeError("wait_for reads the event queue, which an on_event callback replaces")
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -147,7 +168,7 @@ class WorkerProcess:
             except queue.Empty:
                 return None
             if event is None:
-                self.events.put(None)
+                self._queue(None)
                 return None
             if predicate(event):
                 return event

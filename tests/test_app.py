@@ -15,7 +15,7 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from dedloc_core.protocol import Stats  # noqa: E402
+from dedloc_core.protocol import Progress, State, Stats  # noqa: E402
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
@@ -340,3 +340,60 @@ def test_diloco_mode_and_the_next_sync_are_shown(make_app, qtbot, tmp_path, corp
     qtbot.waitUntil(lambda: "DiLoCo, next sync in" in app.controller.status.text, timeout=240000)
     assert "Mode:</b> DiLoCo (syncs every 20 local steps, fp16 deltas)" in page.details.text()
     qtbot.waitUntil(lambda: "outer round" in page.details.text(), timeout=10000)
+
+
+def _progress(n: int) -> Progress:
+    return Progress(local_epoch=n, global_step=n, samples_per_second=1.0, swarm_samples_per_second=1.0, loss=None,
+                    num_peers=1, samples_accumulated=0, target_batch_size=1, bytes_sent=0, bytes_received=0)
+
+
+def test_a_flood_of_worker_events_does_not_pile_up_for_the_gui(qtbot, home):
+    """Progress and Stats are superseded by the next: the supervisor hands the GUI the latest, keeps
+    the order of other events, and never lets the bridge's queue grow with the worker's rate."""
+    import threading
+
+    from PySide6.QtWidgets import QApplication
+
+    from app.bridge import Bridge
+    from app.supervisor import Supervisor
+
+    bridge = Bridge(QApplication.instance())
+    sup = Supervisor(bridge, pid_file=home / "data" / "worker.pid")
+    got: list[object] = []
+    for signal in (sup.progress, sup.stats, sup.state):
+        signal.connect(got.append)
+    gen = sup._generation
+
+    def flood():
+        for n in range(20000):
+            sup._from_worker(gen, _progress(n))
+            sup._from_worker(gen, Stats(samples=n, compute_seconds=0, rounds=0, bytes_sent=0, bytes_received=0,
+                                        paused_seconds=0, averaging_seconds=0, device="cpu"))
+
+    reader = threading.Thread(target=flood)  # the worker's reader thread, as in the app
+    reader.start()
+    reader.join()
+    assert bridge._calls.qsize() <= 1, bridge._calls.qsize()  # 40,000 events, at most one call queued
+    qtbot.waitUntil(lambda: bool(got) and isinstance(got[-1], Stats) and got[-1].samples == 19999, timeout=5000)
+    assert len(got) < 100
+
+    got.clear()
+    sup._from_worker(gen, _progress(1))
+    sup._from_worker(gen, State(state="paused", reason="by you"))
+    sup._from_worker(gen, _progress(2))
+    qtbot.waitUntil(lambda: len(got) == 3, timeout=5000)
+    assert [type(e).__name__ for e in got] == ["Progress", "State", "Progress"]
+    assert got[0].local_epoch == 1 and got[2].local_epoch == 2
+    bridge.shutdown()
+
+
+def test_the_event_log_page_keeps_the_last_entries_only(make_app):
+    from app.controller import MAX_LOG
+
+    app = make_app()
+    page = app.window.show_page("Event log")
+    page.filter.setCurrentIndex(0)  # everything
+    for n in range(MAX_LOG + 300):
+        app.controller.note("INFO", f"entry {n}")
+    assert page.tree.topLevelItemCount() == MAX_LOG and len(app.controller.log_entries) == MAX_LOG
+    assert page.visible_messages()[-1] == f"entry {MAX_LOG + 299}"

@@ -1,4 +1,5 @@
-"""Event log: the worker's and the app's log and error events, filterable by level."""
+"""Event log: the worker's and the app's log and error events, filterable by level (the last
+``MAX_LOG``, like the controller)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from PySide6.QtWidgets import (
 
 from dedloc_core import paths
 
-from ..controller import Controller, LogEntry
+from ..controller import MAX_LOG, Controller, LogEntry
 
 LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
 FILTERS = [("Everything", 0), ("Info and above", 20), ("Warnings and errors", 30), ("Errors only", 40)]
@@ -70,6 +71,8 @@ class EventLogPage(QWidget):
         elif LEVELS.get(entry.level, 20) >= 30:
             item.setForeground(1, QColor("#b45309"))
         self.tree.addTopLevelItem(item)
+        while self.tree.topLevelItemCount() > MAX_LOG:  # the controller keeps no more either
+            self.tree.takeTopLevelItem(0)
         self.tree.scrollToItem(item)
 
     def visible_messages(self) -> list[str]:

@@ -1,0 +1,66 @@
+"""No unbounded buffer between a worker and its owner: with a callback, the event queue is never
+filled; without one, it keeps at most ``EVENT_BACKLOG`` events, the newest. A real worker, with
+progress events sped up to one per micro-batch."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from conftest import start_command
+
+from dedloc_core.protocol import Stats
+from dedloc_core.workerproc import EVENT_BACKLOG, WorkerProcess
+
+BATCH = 8  # the tiny experiment's batch_size_per_step
+
+
+def fast_start(server, home):
+    return start_command(server, home, target_batch_size=100_000).model_copy(update={"progress_period": 0.001})
+
+
+def worker_env(home):
+    return {**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_LOG_LEVEL": "WARNING"}
+
+
+def test_with_a_callback_nothing_is_queued(corpus_server, tmp_path):
+    seen: list[object] = []
+    enough = threading.Event()
+
+    def on_event(event):
+        seen.append(event)
+        if isinstance(event, Stats) and event.samples >= 2 * EVENT_BACKLOG * BATCH:
+            enough.set()
+
+    worker = WorkerProcess(env=worker_env(tmp_path), on_event=on_event)
+    worker.start()
+    try:
+        worker.send(fast_start(corpus_server, tmp_path))
+        assert enough.wait(180), f"too few events: {len(seen)}"
+        assert worker.events.qsize() == 0 and len(seen) > 2 * EVENT_BACKLOG
+    finally:
+        worker.stop()
+
+
+def test_without_a_callback_the_queue_keeps_the_newest_and_no_more(corpus_server, tmp_path):
+    worker = WorkerProcess(env=worker_env(tmp_path))
+    worker.start()
+    try:
+        worker.send(fast_start(corpus_server, tmp_path))
+        assert worker.wait_for(lambda e: isinstance(e, Stats), 180), "no stats"
+        newest, pause, overflowed = 0, 3.0, False
+        while not overflowed and pause < 100:
+            time.sleep(pause)  # nobody reads meanwhile: the worker sends two events a micro-batch
+            events = []
+            while not worker.events.empty():
+                events.append(worker.events.get_nowait())
+            stats = [e.samples for e in events if isinstance(e, Stats)]
+            assert stats, "no events kept"
+            sent = 2 * (max(stats) - newest) // BATCH  # events sent since the last look
+            overflowed = sent > EVENT_BACKLOG
+            assert len(events) <= EVENT_BACKLOG, f"{len(events)} events kept"
+            newest, pause = max(stats), pause * 2
+        assert overflowed, "the worker sent too few events to fill the queue"
+    finally:
+        worker.stop()
