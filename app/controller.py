@@ -15,9 +15,9 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from dedloc_core import autostart, joining, prefs, secrets
-from dedloc_core.catalog import Experiment, LoadResult
+from dedloc_core.catalog import Experiment, LoadResult, sources
 from dedloc_core.catalog import child as catalog_child
-from dedloc_core.errors import user_message
+from dedloc_core.errors import DedlocError, user_message
 from dedloc_core.policy import hardware, idle
 from dedloc_core.policy.contributor import Contributor, Pause, ReleaseWorker, Resume, SetLimits, StartWorker
 from dedloc_core.policy.idle import NullIdle
@@ -175,12 +175,47 @@ class Controller(QObject):
                         lambda _: self.note("INFO", f"Access token for {experiment_id} stored in the keyring"),
                         lambda exc: self.fail(exc, doing="Storing the access token"))
 
+    # ---- catalog sources -------------------------------------------------------------------------
+
+    def add_source(self, url: str, key: str, name: str) -> None:
+        """Trust an organizer's catalog (checked in the catalog child before), then load it."""
+        try:
+            sources.SourceList().add(url, key, name)
+        except (DedlocError, OSError, ValueError) as exc:
+            self.fail(exc, doing="Adding the catalog source")
+            return
+        self.note("INFO", f"Added the experiments of {name or url}")
+        self.refresh_catalog()
+
+    def remove_source(self, url: str) -> None:
+        try:
+            removed = sources.SourceList().remove(url)
+        except (DedlocError, OSError) as exc:
+            self.fail(exc, doing="Removing the catalog source")
+            return
+        self.note("INFO", f"Removed the experiments of {removed.label()}")
+        self.refresh_catalog()
+
+    def source_label(self, experiment_id: str) -> str | None:
+        """Who an experiment comes from, for experiments of an added source; None for the built-in one."""
+        if self.catalog is None:
+            return None
+        origin = self.catalog.origins.get(experiment_id)
+        state = next((s for s in self.catalog.sources if s.url == origin and not s.builtin), None)
+        return state.name or origin if state else None
+
     # ---- join / leave ----------------------------------------------------------------------------
 
     def experiment(self, experiment_id: str) -> Experiment | None:
         if self.catalog is None or self.catalog.catalog is None:
             return None
         return self.catalog.catalog.get(experiment_id)
+
+    def origin(self, experiment_id: str) -> str | None:
+        """The catalog URL the experiment came from (None: the catalog shipped with the app)."""
+        if self.catalog is None:
+            return joining.catalog_url()
+        return self.catalog.origins.get(experiment_id, joining.catalog_url())
 
     def join(self, experiment_id: str) -> bool:
         exp = self.experiment(experiment_id)
@@ -212,7 +247,7 @@ class Controller(QObject):
         self._update_status()
 
     def _data_url(self, exp: Experiment) -> str | None:
-        url = joining.data_base_url(exp, joining.catalog_url())
+        url = joining.data_base_url(exp, self.origin(exp.id))
         if url is None and not exp.data.base_url:
             url = self._local_data_url()
         return url
@@ -286,8 +321,8 @@ class Controller(QObject):
         if self._quitting:
             return
         self.stats_changed.emit()
-        url = joining.swarm_summary_url()
-        if url and self.joined is not None:
+        url = joining.swarm_summary_url(self.origin(self.joined.id)) if self.joined is not None else None
+        if url:
             from dedloc_core.stats.swarmview import fetch_summary
 
             self.bridge.run(lambda: fetch_summary(url), self.swarm_changed.emit,

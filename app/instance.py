@@ -21,18 +21,19 @@ class SingleInstance(QObject):
         self.name = name or default_name()
         self.server: QLocalServer | None = None
 
-    def notify_running(self, timeout_ms: int = 1000) -> bool:
-        """If another instance runs, ask it to show its window and return True."""
+    def notify_running(self, timeout_ms: int = 1000, link: str | None = None) -> bool:
+        """If another instance runs, ask it to show its window (and open ``link``, a ``dedloc://``
+        link) and return True."""
         socket = QLocalSocket()
         socket.connectToServer(self.name)
         if not socket.waitForConnected(timeout_ms):
             return False
-        socket.write(b"show\n")
+        socket.write(f"add {link}\n".encode() if link else b"show\n")
         socket.waitForBytesWritten(timeout_ms)
         socket.disconnectFromServer()
         return True
 
-    def listen(self, on_show: Callable[[], None]) -> bool:
+    def listen(self, on_show: Callable[[], None], on_link: Callable[[str], None] | None = None) -> bool:
         server = QLocalServer(self)
         if not server.listen(self.name):
             QLocalServer.removeServer(self.name)  # a stale socket left by a crash
@@ -42,7 +43,7 @@ class SingleInstance(QObject):
         def accept() -> None:
             while server.hasPendingConnections():
                 conn = server.nextPendingConnection()
-                conn.readyRead.connect(lambda c=conn: _read(c, on_show))
+                conn.readyRead.connect(lambda c=conn: _read(c, on_show, on_link))
                 conn.disconnected.connect(conn.deleteLater)
 
         server.newConnection.connect(accept)
@@ -54,6 +55,9 @@ class SingleInstance(QObject):
             self.server.close()
 
 
-def _read(conn: QLocalSocket, on_show: Callable[[], None]) -> None:
-    if b"show" in bytes(conn.readAll().data()):
-        on_show()
+def _read(conn: QLocalSocket, on_show: Callable[[], None], on_link: Callable[[str], None] | None) -> None:
+    for line in bytes(conn.readAll().data()).decode("utf-8", "replace").splitlines():
+        if line.startswith("add ") and on_link is not None:
+            on_link(line[4:].strip()[:4096])
+        elif line.strip() == "show" or line.startswith("add "):
+            on_show()

@@ -56,6 +56,11 @@ class App:
     def show_window(self) -> None:
         self.window.bring_up()
 
+    def open_link(self, link: str) -> None:
+        """An organizer's ``dedloc://add`` link: the window, at the Add experiments dialog."""
+        self.show_window()
+        self.window.show_page("Experiments").open_add_dialog(link)
+
     def quit(self) -> None:
         self.controller.quit(self._finish)
 
@@ -136,17 +141,18 @@ def setup_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dedloc app", description="The DeDLOC Volunteer tray app.")
     parser.add_argument("--hidden", action="store_true", help="start in the tray without opening the window")
+    parser.add_argument("link", nargs="?", help="an organizer's dedloc://add link: open the Add experiments dialog")
     args = parser.parse_args(argv)
     setup_logging()
     qapp = QApplication.instance() or QApplication(sys.argv[:1])
     qapp.setApplicationName("DeDLOC Volunteer")
     qapp.setQuitOnLastWindowClosed(False)
     instance = SingleInstance()
-    if instance.notify_running():
+    if instance.notify_running(link=args.link):
         print("DeDLOC Volunteer is already running: showing its window.")
         return 0
     app = build(qapp)
-    instance.listen(app.show_window)
+    instance.listen(app.show_window, app.open_link)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: app.bridge.post(app.quit))
     if app.tray is not None:
@@ -155,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         app.window.show()
     app.first_run()
     app.controller.start()
+    if args.link:
+        app.open_link(args.link)
     code = qapp.exec()
     instance.close()
     return code

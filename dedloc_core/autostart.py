@@ -186,15 +186,17 @@ def exec_line(command: list[str]) -> str:
     return " ".join(exec_quote(arg) for arg in command).replace("\\", "\\\\")
 
 
-def desktop_entry(command: list[str], *, autostart: bool = False, icon: str = DESKTOP_ID) -> str:
-    """A ``.desktop`` file that runs ``command`` (the menu launcher, or the autostart entry)."""
+def desktop_entry(command: list[str], *, autostart: bool = False, icon: str = DESKTOP_ID,
+                  url_handler: bool = False) -> str:
+    """A ``.desktop`` file that runs ``command`` (the menu launcher, or the autostart entry). With
+    ``url_handler`` it also opens ``dedloc://`` links (an organizer's "add experiments" link)."""
     lines = [
         "[Desktop Entry]",
         "Type=Application",
         f"Name={APP_TITLE}",
         "GenericName=Volunteer computing",
         "Comment=Lend this computer to open, collaborative deep-learning training",
-        f"Exec={exec_line(command)}",
+        f"Exec={exec_line(command)}" + (" %u" if url_handler else ""),
         f"Icon={icon}",
         "Terminal=false",
         "Categories=Science;ArtificialIntelligence;",
@@ -204,6 +206,8 @@ def desktop_entry(command: list[str], *, autostart: bool = False, icon: str = DE
         lines += ["X-GNOME-Autostart-enabled=true", "X-GNOME-Autostart-Delay=10"]
     else:
         lines += ["StartupNotify=false"]
+    if url_handler:
+        lines += ["MimeType=x-scheme-handler/dedloc;"]
     return "\n".join(lines) + "\n"
 
 

@@ -53,10 +53,9 @@ def progress_period() -> float:
     return value if 0 < value <= 3600 else 1.0
 
 
-def swarm_summary_url() -> str | None:
-    """The backbone's swarm summary, served next to the catalog."""
-    url = catalog_url()
-    return urljoin(url, "swarm.json") if url else None
+def swarm_summary_url(catalog: str | None) -> str | None:
+    """The backbone's swarm summary, served next to the catalog the experiment came from."""
+    return urljoin(catalog, "swarm.json") if catalog else None
 
 
 def data_base_url(experiment: Experiment, catalog: str | None) -> str | None:

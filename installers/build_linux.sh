@@ -42,7 +42,7 @@ STAGE=build/deb/$NAME
 rm -rf build/deb && mkdir -p "$STAGE/DEBIAN" "$STAGE/opt" "$STAGE/usr/bin" "$STAGE/usr/share/applications"
 cp -al "$DIST/dedloc" "$STAGE$PREFIX"  # hard links: no second copy of a GB on disk
 ln -s "../../opt/$NAME/dedloc" "$STAGE/usr/bin/dedloc"  # relative, so it also works in a scratch root
-"$PY" -c "from dedloc_core.autostart import desktop_entry; print(desktop_entry(['$PREFIX/dedloc', 'app']), end='')" \
+"$PY" -c "from dedloc_core.autostart import desktop_entry; print(desktop_entry(['$PREFIX/dedloc', 'app'], url_handler=True), end='')" \
     > "$STAGE/usr/share/applications/$NAME.desktop"
 for png in resources/icons/$NAME-*.png; do
     n=${png##*-}; n=${n%.png}

@@ -3,6 +3,7 @@ and a reaper for anything a test leaves behind."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -197,6 +198,34 @@ def signed_catalog_server(tmp_path, corpus_server, monkeypatch):
     app trusts; shards come from the corpus server next to it."""
     experiment = tiny_experiment(target_batch_size=APP_SWARM_BATCH)
     return serve_signed_catalog(corpus_server, tmp_path, monkeypatch, [experiment])
+
+
+class Organizer:
+    """An organizer's key and its catalog, served at /org/catalog.json with /org/catalog.pub."""
+
+    def __init__(self, server: FileServer, name: str = "Lab of Tests", exp_id: str = "org-exp"):
+        self.server, self.name, self.exp_id = server, name, exp_id
+        self.key = load_private_key(generate_keypair("pw")[0], "pw")
+        self.publish(self.key)
+
+    @property
+    def key_b64(self) -> str:
+        from cryptography.hazmat.primitives import serialization
+
+        raw = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return base64.b64encode(raw).decode()
+
+    @property
+    def url(self) -> str:
+        return f"{self.server.url}org/catalog.json"
+
+    def publish(self, signing_key, title: str = "Organizer's experiment") -> None:
+        now = datetime.now(UTC)
+        exp = tiny_experiment(id=self.exp_id, title=title, organizer=self.name, run_id=self.exp_id.replace("-", "_"))
+        catalog = Catalog.model_validate({"schema_version": 1, "catalog_id": "org", "issued_at": now,
+                                          "expires_at": now + timedelta(days=1), "experiments": [exp]})
+        self.server.add("/org/catalog.json", sign_catalog(catalog, signing_key))
+        self.server.add("/org/catalog.pub", f"ed25519 {self.key_b64} org\n".encode())
 
 
 @pytest.fixture

@@ -160,11 +160,15 @@ def test_second_launch_shows_the_first_window(qtbot):
     from app.instance import SingleInstance
 
     name = f"dedloc-test-{os.getpid()}-{time.monotonic_ns()}"
-    first, shown = SingleInstance(name), []
-    assert first.listen(lambda: shown.append(True))
+    first, shown, links = SingleInstance(name), [], []
+    assert first.listen(lambda: shown.append(True), links.append)
     try:
         assert SingleInstance(name).notify_running()
         qtbot.waitUntil(lambda: bool(shown), timeout=5000)
+        # `dedloc app dedloc://add?...` (the desktop's scheme handler) hands the link to the running app
+        assert SingleInstance(name).notify_running(link="dedloc://add?url=https%3A%2F%2Fx%2Fc.json&key=k")
+        qtbot.waitUntil(lambda: bool(links), timeout=5000)
+        assert links == ["dedloc://add?url=https%3A%2F%2Fx%2Fc.json&key=k"] and len(shown) == 1
     finally:
         first.close()
     assert not SingleInstance(name).notify_running(timeout_ms=300)
@@ -397,3 +401,33 @@ def test_the_event_log_page_keeps_the_last_entries_only(make_app):
         app.controller.note("INFO", f"entry {n}")
     assert page.tree.topLevelItemCount() == MAX_LOG and len(app.controller.log_entries) == MAX_LOG
     assert page.visible_messages()[-1] == f"entry {MAX_LOG + 299}"
+
+
+def test_add_experiments_from_a_link_then_remove_the_source(make_app, qtbot, tmp_path):
+    """The organizer's link opens the dialog; the organizer and fingerprint are shown before trusting;
+    the experiments appear with where they come from; the source can be removed."""
+    from conftest import Organizer
+
+    from dedloc_core.catalog import sources
+    from dedloc_core.organizer.httpserve import FileServer
+
+    with FileServer() as server:
+        org = Organizer(server)
+        app = make_app()
+        page = app.window.show_page("Experiments")
+        dialog = page.open_add_dialog(sources.add_link(org.url, org.key_b64))
+        qtbot.waitUntil(dialog.trust_button.isEnabled, timeout=60000)
+        assert org.name in dialog.info.text() and sources.fingerprint(org.key_b64) in dialog.info.text()
+        dialog.trust_button.click()
+        qtbot.waitUntil(lambda: app.controller.experiment("org-exp") is not None, timeout=60000)
+        texts = [page.list.item(i).text() for i in range(page.list.count())]
+        assert any("Organizer's experiment" in t and f"from {org.name}" in t for t in texts), texts
+
+        listing = page.open_sources()
+        rows = [listing.list.item(i).text() for i in range(listing.list.count())]
+        assert len(rows) == 2 and org.url in rows[1]
+        listing.list.setCurrentRow(0)
+        assert not listing.remove_button.isEnabled()  # the built-in source stays
+        listing.list.setCurrentRow(1)
+        listing.remove_button.click()
+        qtbot.waitUntil(lambda: app.controller.experiment("org-exp") is None, timeout=60000)

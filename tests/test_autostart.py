@@ -98,10 +98,10 @@ def test_unwritable_directory_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("desktop-file-validate"), reason="desktop-file-utils is not installed")
-@pytest.mark.parametrize("is_autostart", [True, False])
-def test_desktop_files_validate(tmp_path, is_autostart):
+@pytest.mark.parametrize("is_autostart, url_handler", [(True, False), (False, False), (False, True)])
+def test_desktop_files_validate(tmp_path, is_autostart, url_handler):
     path = tmp_path / "dedloc-volunteer.desktop"
-    path.write_text(autostart.desktop_entry(ODD, autostart=is_autostart))
+    path.write_text(autostart.desktop_entry(ODD, autostart=is_autostart, url_handler=url_handler))
     out = subprocess.run(["desktop-file-validate", str(path)], capture_output=True, text=True)
     assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
 

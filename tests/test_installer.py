@@ -179,7 +179,8 @@ def test_deb_contents_and_scratch_install(built, tmp_path):
 
     desktop = root / "usr" / "share" / "applications" / "dedloc-volunteer.desktop"
     text = desktop.read_text()
-    assert "Exec=/opt/dedloc-volunteer/dedloc app\n" in text and "Icon=dedloc-volunteer\n" in text
+    assert "Exec=/opt/dedloc-volunteer/dedloc app %u\n" in text and "Icon=dedloc-volunteer\n" in text
+    assert "MimeType=x-scheme-handler/dedloc;\n" in text  # an organizer's dedloc://add link opens the app
     assert (root / "opt" / "dedloc-volunteer" / "dedloc").is_file()
     if shutil.which("desktop-file-validate"):
         check = subprocess.run(["desktop-file-validate", str(desktop)], capture_output=True, text=True)

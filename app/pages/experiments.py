@@ -43,11 +43,14 @@ class ExperimentsPage(QWidget):
         self.join_button = QPushButton("Join")
         self.leave_button = QPushButton("Leave")
         self.refresh_button = QPushButton("Refresh")
+        self.add_button = QPushButton("Add experiments…")
+        self.sources_button = QPushButton("Sources…")
         buttons = QHBoxLayout()
         for b in (self.join_button, self.leave_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
-        buttons.addWidget(self.refresh_button)
+        for b in (self.add_button, self.sources_button, self.refresh_button):
+            buttons.addWidget(b)
         right = QVBoxLayout()
         right.addWidget(self.details, 1)
         right.addLayout(buttons)
@@ -62,6 +65,8 @@ class ExperimentsPage(QWidget):
         self.join_button.clicked.connect(self.join_selected)
         self.leave_button.clicked.connect(controller.leave)
         self.refresh_button.clicked.connect(lambda: controller.refresh_catalog())
+        self.add_button.clicked.connect(lambda: self.open_add_dialog())
+        self.sources_button.clicked.connect(self.open_sources)
         controller.catalog_changed.connect(self.show_catalog)
         controller.hardware_changed.connect(lambda _: self.show_details())
         controller.joined_changed.connect(lambda _: self.show_details())
@@ -70,19 +75,26 @@ class ExperimentsPage(QWidget):
             self.show_catalog(controller.catalog)
 
     def show_catalog(self, result: LoadResult) -> None:
+        problems = []
         if result.error is not None:
             shown = {"last_good": "the last good catalog", "default": "the catalog shipped with the app"}
             still = f" Showing {shown[result.source]}." if result.source in shown else ""
             msg = user_message(result.error)
             hint = f"<br>{escape(msg.hint)}" if msg.hint else ""
-            self.error.setText(f"<b>{escape(msg.title)}</b>: {escape(msg.message)}{escape(still)}{hint}")
-            self.error.show()
-        else:
-            self.error.hide()
+            problems.append(f"<b>{escape(msg.title)}</b>: {escape(msg.message)}{escape(still)}{hint}")
+        for state in result.sources:
+            if state.error is not None and not state.builtin:
+                msg = user_message(state.error)
+                problems.append(f"<b>{escape(state.name or state.url or '')}: {escape(msg.title)}</b>: "
+                                f"{escape(msg.message)}")
+        self.error.setText("<br>".join(problems))
+        self.error.setVisible(bool(problems))
         current = self.selected_id() or self.controller.prefs.experiment_id
         self.list.clear()
         for exp in result.catalog.experiments if result.catalog else []:
-            item = QListWidgetItem(f"{exp.title}\n{exp.organizer} · {exp.status}")
+            origin = self.controller.source_label(exp.id)
+            where = f" · from {origin}" if origin else ""
+            item = QListWidgetItem(f"{exp.title}\n{exp.organizer} · {exp.status}{where}")
             item.setData(Qt.ItemDataRole.UserRole, exp.id)
             self.list.addItem(item)
             if exp.id == current:
@@ -90,6 +102,20 @@ class ExperimentsPage(QWidget):
         if self.list.currentItem() is None and self.list.count():
             self.list.setCurrentRow(0)
         self.show_details()
+
+    def open_add_dialog(self, link: str = ""):
+        from ..sources import AddSourceDialog
+
+        self.add_dialog = AddSourceDialog(self.controller, link, parent=self)
+        self.add_dialog.open()
+        return self.add_dialog
+
+    def open_sources(self):
+        from ..sources import SourcesDialog
+
+        self.sources_dialog = SourcesDialog(self.controller, parent=self)
+        self.sources_dialog.open()
+        return self.sources_dialog
 
     def selected_id(self) -> str | None:
         item = self.list.currentItem()

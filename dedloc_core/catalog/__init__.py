@@ -33,8 +33,9 @@ The code is organized as follows:
 - ``signing``: organizer keys (``cryptography``, imported only where keys are used), ``sign_catalog``,
   ``verify_catalog``.
 - ``store``: ``fetch_catalog`` and ``CatalogStore`` (the last good copy).
+- ``sources``: the catalog sources (a URL pinned to its organizer's key; ``dedloc://add`` links).
 - ``child``: runs the store in a short-lived child process for the tray app.
-- ``cli``: ``dedloc catalog keygen | sign | verify | show``.
+- ``cli``: ``dedloc catalog keygen | sign | verify | show | add | list | remove``.
 
 A light room: pydantic and the standard library; the tray app imports it. Never torch or hivemind.
 """

@@ -16,14 +16,16 @@ import json
 import logging
 import subprocess
 import sys
+from dataclasses import asdict
 
 from dedloc_core import joining
 from dedloc_core.errors import CatalogError
 from dedloc_core.workerproc import dedloc_command
 
+from . import sources
 from .model import Catalog, catalog_error
 from .signing import load_trusted_keys
-from .store import CatalogStore, LoadResult
+from .store import CatalogStore, LoadResult, SourceState
 
 logger = logging.getLogger(__name__)
 TIMEOUT = 60.0
@@ -36,29 +38,52 @@ def command() -> list[str]:
 
 
 def load_here(url: str | None = None) -> LoadResult:
-    """What the child does (in the child process: it loads ``cryptography``)."""
+    """What the child does (in the child process: it loads ``cryptography``): the built-in source
+    (or ``url`` / ``DEDLOC_CATALOG_URL`` in its place), then every source the volunteer added."""
     url = joining.catalog_url() if url is None else url
     store = CatalogStore()
     keys = load_trusted_keys(joining.trusted_key_paths())
-    return store.refresh(url, keys) if url else store.load_default(keys)
+    builtin = None if url else sources.builtin_source()
+    if url:
+        main = store.refresh(url, keys)
+    elif builtin is not None:
+        main = store.refresh(builtin.url, keys)
+        if main.error is not None and main.error.code == "unreachable":  # offline: the shipped catalog, quietly
+            main = LoadResult(main.catalog, None, main.source, main.expired)
+    else:
+        main = store.load_default(keys)
+    organizer = main.catalog.experiments[0].organizer if main.catalog and main.catalog.experiments else ""
+    state = SourceState(url or (builtin.url if builtin else None), builtin.name if builtin else organizer,
+                        builtin.fingerprint if builtin else "", True,
+                        len(main.catalog.experiments) if main.catalog else 0, main.error)
+    added = sources.SourceList()
+    return sources.merge(main, state, [(s, sources.refresh_source(s)) for s in added.added])
+
+
+def _error(error: CatalogError | None) -> dict | None:
+    return {"code": error.code, "title": error.title, "message": error.message} if error else None
+
+
+def _unerror(data: dict | None) -> CatalogError | None:
+    return CatalogError(data["message"], title=data["title"], code=data["code"]) if data else None
 
 
 def encode(result: LoadResult) -> str:
-    error = result.error
     return json.dumps({
         "catalog": result.catalog.model_dump_json() if result.catalog else None,
-        "error": {"code": error.code, "title": error.title, "message": error.message} if error else None,
-        "source": result.source, "expired": result.expired,
+        "error": _error(result.error), "source": result.source, "expired": result.expired,
+        "sources": [{**asdict(s), "error": _error(s.error)} for s in result.sources],
+        "origins": dict(result.origins),
     })
 
 
 def decode(text: str) -> LoadResult:
     data = json.loads(text)
-    error = data["error"]
     return LoadResult(
         catalog=Catalog.model_validate_json(data["catalog"]) if data["catalog"] is not None else None,
-        error=CatalogError(error["message"], title=error["title"], code=error["code"]) if error else None,
-        source=data["source"], expired=bool(data["expired"]))
+        error=_unerror(data["error"]), source=data["source"], expired=bool(data["expired"]),
+        sources=tuple(SourceState(**{**s, "error": _unerror(s["error"])}) for s in data.get("sources", [])),
+        origins={str(k): (str(v) if v is not None else None) for k, v in data.get("origins", {}).items()})
 
 
 def load(url: str | None = None, timeout: float = TIMEOUT, *, previous: LoadResult | None = None) -> LoadResult:
@@ -82,9 +107,33 @@ def load(url: str | None = None, timeout: float = TIMEOUT, *, previous: LoadResu
         return LoadResult(previous.catalog, error, previous.source, previous.expired)
 
 
+def inspect(url: str, key_b64: str, timeout: float = TIMEOUT) -> tuple[Catalog | None, CatalogError | None]:
+    """``sources.inspect`` in a child process: the catalog a new source would give, or why not."""
+    try:
+        out = subprocess.run(command() + ["--inspect", url, key_b64], capture_output=True, text=True,
+                             timeout=timeout, check=True)
+        data = json.loads(out.stdout.strip().splitlines()[-1])
+        catalog = Catalog.model_validate_json(data["catalog"]) if data["catalog"] is not None else None
+        return catalog, _unerror(data["error"])
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError, TypeError) as exc:
+        logger.warning("The catalog child failed to inspect %s: %s", url, exc)
+        return None, catalog_error("check_failed", f"The catalog could not be checked ({exc}).")
+
+
+def _inspect_here(url: str, key_b64: str) -> str:
+    try:
+        catalog = sources.inspect(url, key_b64)
+    except CatalogError as exc:
+        return json.dumps({"catalog": None, "error": _error(exc)})
+    return json.dumps({"catalog": catalog.model_dump_json(), "error": None})
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if argv[:1] == ["--inspect"] and len(argv) == 3:
+        print(_inspect_here(argv[1], argv[2]), flush=True)
+        return 0
     print(encode(load_here(argv[0] if argv else None)), flush=True)
     return 0
 

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 
-from dedloc_core.errors import CatalogError, DedlocError, report, user_message
+from dedloc_core.errors import EXIT_EXPLAINED, CatalogError, DedlocError, report, user_message
 
+from . import sources
 from .model import PASSPHRASE_ENV
 from .signing import (
     generate_keypair,
@@ -130,6 +131,52 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+@_reporting
+def _add(args: argparse.Namespace) -> int:
+    if args.source.startswith(f"{sources.SCHEME}:"):
+        url, key = sources.parse_link(args.source)
+    elif args.fingerprint:
+        url, key = args.source, sources.fetch_key(args.source, args.fingerprint)
+    else:
+        raise CatalogError("Give a dedloc://add link, or a catalog URL with --fingerprint.", code="bad_url")
+    catalog = sources.inspect(url, key)
+    name = sources.organizer_of(catalog)
+    print(f"catalog source: {url}\norganizer: {name}\nkey fingerprint: {sources.fingerprint(key)}")
+    for exp in catalog.experiments:
+        print(f"  {exp.id:<24} {exp.status:<9} {exp.recipe:<12} {exp.title}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CatalogError("Not added: confirm with --yes (no terminal to ask on).", code="not_confirmed",
+                               title="Source not added")
+        if input("Trust this organizer's experiments? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("not added")
+            return EXIT_EXPLAINED
+    source = sources.SourceList().add(url, key, name)
+    sources.refresh_source(source)  # its first good copy
+    print(f"added {source.label()} ({len(catalog.experiments)} experiment(s))")
+    return 0
+
+
+@_reporting
+def _list(args: argparse.Namespace) -> int:
+    added = sources.SourceList()
+    if added.warning:
+        print(added.warning, file=sys.stderr)
+    builtin = sources.builtin_source()
+    shipped = "the catalog shipped with the app"
+    print("built-in: " + (f"{builtin.url} (key {builtin.fingerprint})" if builtin else shipped))
+    for source in added.added:
+        print(f"{source.label()}: {source.url} (key {source.fingerprint})")
+    return 0
+
+
+@_reporting
+def _remove(args: argparse.Namespace) -> int:
+    source = sources.SourceList().remove(args.source)
+    print(f"removed {source.label()} ({source.url})")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``catalog`` and its subcommands to a parser's subparsers."""
     parser = subparsers.add_parser("catalog", help="make keys, sign and verify experiment catalogs")
@@ -151,6 +198,16 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     verify.set_defaults(func=_verify)
     show = commands.add_parser("show", help="list the experiments of the catalog in use")
     show.set_defaults(func=_show)
+    add = commands.add_parser("add", help="add an organizer's catalog (a dedloc:// link, or a URL and --fingerprint)")
+    add.add_argument("source", help="dedloc://add?url=...&key=... or the catalog's http(s) URL")
+    add.add_argument("--fingerprint", help="the organizer's key fingerprint (with a plain URL)")
+    add.add_argument("--yes", action="store_true", help="trust it without asking")
+    add.set_defaults(func=_add)
+    listing = commands.add_parser("list", help="the catalog sources in use")
+    listing.set_defaults(func=_list)
+    remove = commands.add_parser("remove", help="remove an added catalog source (its URL or key fingerprint)")
+    remove.add_argument("source")
+    remove.set_defaults(func=_remove)
     return parser
 
 

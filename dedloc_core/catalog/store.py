@@ -7,7 +7,7 @@ import logging
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from importlib.abc import Traversable
 from pathlib import Path
@@ -23,7 +23,7 @@ from .signing import load_trusted_keys, verify_catalog
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-__all__ = ["CatalogStore", "LoadResult", "fetch_catalog"]
+__all__ = ["CatalogStore", "LoadResult", "SourceState", "fetch_catalog"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,18 +64,36 @@ class LoadResult:
     error: CatalogError | None = None
     source: Literal["new", "last_good", "default", "none"] = "new"
     expired: bool = False
+    # With several catalog sources (``sources.load_all``): each source's state, and which source's
+    # catalog URL each experiment came from (None: the catalog shipped with the app).
+    sources: tuple[SourceState, ...] = ()
+    origins: Mapping[str, str | None] = field(default_factory=dict)
 
     @property
     def from_last_good(self) -> bool:
         return self.source == "last_good"
 
 
-class CatalogStore:
-    """The last good signed catalog on disk (``path``), with the shipped catalog as fallback."""
+@dataclass(frozen=True)
+class SourceState:
+    """One catalog source as last loaded: where, whose key, how many experiments, what went wrong."""
 
-    def __init__(self, path: Path | None = None, *, default: Path | Traversable | None = None):
+    url: str | None  # None: the catalog shipped with the app
+    name: str
+    fingerprint: str
+    builtin: bool
+    experiments: int
+    error: CatalogError | None = None
+
+
+class CatalogStore:
+    """The last good signed catalog on disk (``path``), with the shipped catalog as fallback (none
+    with ``shipped=False``: an added source has no shipped copy)."""
+
+    def __init__(self, path: Path | None = None, *, default: Path | Traversable | None = None, shipped: bool = True):
         self.path = path if path is not None else data_dir() / "catalog" / "last_good.json"
         self.default = default if default is not None else resource("catalog", "default.json")
+        self.shipped = shipped
 
     def accept(self, data: bytes, trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
                now: datetime | None = None) -> LoadResult:
@@ -109,6 +127,8 @@ class CatalogStore:
                      now: datetime | None = None) -> LoadResult:
         """The last good catalog or, without a usable one, the catalog shipped with the app."""
         keys = load_trusted_keys() if trusted_keys is None else trusted_keys
+        if not self.shipped:
+            return self._last_good(keys, now) or LoadResult(None, None, "none", False)
         return self._last_good(keys, now) or self._shipped(keys, now)
 
     def _last_good(self, keys: Mapping[str, Ed25519PublicKey], now: datetime | None) -> LoadResult | None:
