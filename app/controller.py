@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 TICK_MS = 100  # how often the app samples idleness and re-decides (a pause lands within ~0.25 s)
 SLOW_MS = 30_000  # how often statistics and the swarm summary refresh
 MAX_LOG = 2000
+CATALOG_MS = 6 * 3600 * 1000  # how often the catalog sources are fetched again
+CRASH_NOTIFY_AFTER = 3  # failed worker starts in a row before the tray tells the user
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Controller(QObject):
     swarm_changed = Signal(object)  # SwarmSummary from the backbone
     peer_id_changed = Signal(object)  # this volunteer's peer id
     quitting = Signal()
+    notify = Signal(str, str)  # title, message: what the user should know now (the tray shows it)
 
     def __init__(self, bridge: Bridge, supervisor: Supervisor, *, prefs_path: Path | None = None,
                  stats_store=None, sampler: Sampler | None = None, parent: QObject | None = None):
@@ -74,6 +77,7 @@ class Controller(QObject):
         loaded = prefs.load(prefs_path)
         self.prefs: Preferences = loaded.prefs
         self.prefs_problem = loaded.warning
+        self.swarm = None  # the joined swarm's latest SwarmSummary (from its backbone)
         self.catalog: LoadResult | None = None
         self.hardware: hardware.Hardware | None = None
         self.joined: Experiment | None = None
@@ -94,6 +98,7 @@ class Controller(QObject):
         supervisor.log.connect(self._on_log)
         supervisor.error.connect(self._on_error)
         supervisor.running_changed.connect(lambda _: self._update_status())
+        supervisor.restart_scheduled.connect(self._on_restart_scheduled)
         supervisor.stats.connect(lambda s: self.contributor.on_stats(s.bytes_sent, s.bytes_received))
         self._tick = QTimer(self)
         self._tick.timeout.connect(self.tick)
@@ -101,6 +106,9 @@ class Controller(QObject):
         self._slow = QTimer(self)  # statistics and the swarm summary
         self._slow.timeout.connect(self.refresh_stats)
         self._slow.start(SLOW_MS)
+        self._catalog_timer = QTimer(self)
+        self._catalog_timer.timeout.connect(lambda: self.refresh_catalog())
+        self._catalog_timer.start(CATALOG_MS)
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -129,10 +137,31 @@ class Controller(QObject):
             if result.error:
                 self.fail(result.error, level="WARNING")
             self.catalog_changed.emit(result)
+            self._check_joined_still_runs()
             if rejoin and self.prefs.consent and self.prefs.experiment_id and not self.joined:
                 self.join(self.prefs.experiment_id)
 
         self.bridge.run(work, done, lambda exc: self.fail(exc, doing="Loading the catalog"))
+
+    def _check_joined_still_runs(self) -> None:
+        """The organizer finished the joined experiment (or took it out of the catalog): stop and say so."""
+        joined = self.joined
+        if joined is None or self.catalog is None or self.catalog.catalog is None:
+            return
+        now = self.catalog.catalog.get(joined.id)
+        if now is not None and now.status != "finished":
+            return
+        self.notify.emit(f"{joined.title} has ended",
+                         "Its organizer has finished it, so this computer no longer trains for it. "
+                         "Choose another experiment on the Experiments page.")
+        self.note("WARNING", f"{joined.title} has ended (the catalog no longer lists it as running); left it.")
+        self.leave()
+
+    def _on_restart_scheduled(self, delay: float) -> None:
+        if self.supervisor.failures == CRASH_NOTIFY_AFTER:  # once per run of failures
+            self.notify.emit("Training keeps stopping",
+                             f"The worker stopped {self.supervisor.failures} times in a row; it is tried again "
+                             f"in {delay:.0f} s. The event log says why.")
 
     def _on_probes(self, probes) -> None:
         self.contributor.sampler.idle, self.contributor.sampler.gpu = probes
@@ -325,8 +354,19 @@ class Controller(QObject):
         if url:
             from dedloc_core.stats.swarmview import fetch_summary
 
-            self.bridge.run(lambda: fetch_summary(url), self.swarm_changed.emit,
+            self.bridge.run(lambda: fetch_summary(url), self._on_swarm,
                             lambda exc: logger.info("No swarm summary: %s", exc))
+
+    def _on_swarm(self, summary) -> None:
+        self.swarm = summary
+        self.swarm_changed.emit(summary)
+
+    def rank(self) -> tuple[int, int] | None:
+        """This volunteer's place on the joined swarm's leaderboard: (rank, volunteers), or None."""
+        peer_id = self.worker_state.peer_id if self.worker_state is not None else None
+        board = self.swarm.leaderboard if self.swarm is not None else []
+        place = next((i for i, c in enumerate(board, 1) if c.peer_id == peer_id), None)
+        return (place, len(board)) if place and peer_id else None
 
     def _on_state(self, event: State) -> None:
         if event.peer_id and (self.worker_state is None or self.worker_state.peer_id != event.peer_id):

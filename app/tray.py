@@ -30,6 +30,7 @@ class Tray(QSystemTrayIcon):
         self.activated.connect(self._activated)
         self._show_window = show_window
         controller.status_changed.connect(self.show_status)
+        controller.notify.connect(self.tell)
         self.show_status(controller.status)
 
     def show_status(self, status: Status) -> None:
@@ -42,6 +43,11 @@ class Tray(QSystemTrayIcon):
         self.resume_action.setVisible(joined and held)
         self.snooze_action.setEnabled(joined)
         self.snooze_gpu_action.setEnabled(joined)
+
+    def tell(self, title: str, message: str) -> None:
+        """A notification from the tray icon (the desktop's notification area, where there is one)."""
+        self.last_message = (title, message)
+        self.showMessage(title, message, QSystemTrayIcon.MessageIcon.Warning, 15000)
 
     def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
         if reason == QSystemTrayIcon.ActivationReason.Trigger:

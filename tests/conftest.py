@@ -219,9 +219,10 @@ class Organizer:
     def url(self) -> str:
         return f"{self.server.url}org/catalog.json"
 
-    def publish(self, signing_key, title: str = "Organizer's experiment") -> None:
+    def publish(self, signing_key, title: str = "Organizer's experiment", **overrides) -> None:
         now = datetime.now(UTC)
-        exp = tiny_experiment(id=self.exp_id, title=title, organizer=self.name, run_id=self.exp_id.replace("-", "_"))
+        exp = tiny_experiment(id=self.exp_id, title=title, organizer=self.name, run_id=self.exp_id.replace("-", "_"),
+                              **overrides)
         catalog = Catalog.model_validate({"schema_version": 1, "catalog_id": "org", "issued_at": now,
                                           "expires_at": now + timedelta(days=1), "experiments": [exp]})
         self.server.add("/org/catalog.json", sign_catalog(catalog, signing_key))

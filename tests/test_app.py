@@ -431,3 +431,28 @@ def test_add_experiments_from_a_link_then_remove_the_source(make_app, qtbot, tmp
         listing.list.setCurrentRow(1)
         listing.remove_button.click()
         qtbot.waitUntil(lambda: app.controller.experiment("org-exp") is None, timeout=60000)
+
+
+def test_the_tray_tells_when_the_joined_experiment_ends_and_when_the_worker_keeps_failing(make_app, qtbot):
+    from conftest import Organizer
+
+    from app.controller import CRASH_NOTIFY_AFTER
+    from dedloc_core.organizer.httpserve import FileServer
+
+    with FileServer() as server:
+        org = Organizer(server)
+        app = make_app()
+        app.controller.add_source(org.url, org.key_b64, org.name)
+        qtbot.waitUntil(lambda: app.controller.experiment("org-exp") is not None, timeout=60000)
+        assert app.controller.join("org-exp")  # idle-only and the user "present": no worker starts
+        org.publish(org.key, status="finished")
+        app.controller.refresh_catalog()
+        qtbot.waitUntil(lambda: app.controller.joined is None, timeout=60000)
+        assert app.tray.last_message[0] == "Organizer's experiment has ended"
+        assert app.controller.prefs.experiment_id is None
+
+    app.supervisor.backoff = (30.0,)
+    for _ in range(CRASH_NOTIFY_AFTER):
+        app.supervisor._failed("The worker stopped unexpectedly (exit code 1).")
+    assert app.tray.last_message[0] == "Training keeps stopping" and "3 times" in app.tray.last_message[1]
+    app.supervisor._restart.stop()

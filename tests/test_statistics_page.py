@@ -4,6 +4,7 @@ recorder, and a swarm summary from a real SwarmView. Saves artifacts/screens/sta
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -88,11 +89,15 @@ def test_page_shows_real_totals_charts_and_leaderboard(page, qtbot, tmp_path):
     assert page.total > 0
     assert page.cells[("all", "Samples")].text() == human_count(page.total)
     assert "GPU" in page.cells[("all", "Compute")].text()
+    assert re.fullmatch(r"\d+:\d\d:\d\d \(\d+:\d\d:\d\d GPU\)", page.cells[("all", "Compute")].text())
     assert "On battery" in page.cells[("all", "Paused")].toolTip()
     assert not page.charts  # no chart before the page is shown
     page.show()
     qtbot.waitExposed(page)
     assert set(page.charts) == {"samples", "compute", "data", "curve"}
+    for name, view in page.charts.items():  # every chart says what its axes are
+        titles = [axis.titleText() for axis in view.chart().axes()]
+        assert len(titles) == 2 and all(titles), (name, titles)
 
     starts, points = page.buckets()
     bars = page.charts["samples"].chart().series()[0].barSets()[0]
@@ -176,3 +181,10 @@ def test_qt_calls_keep_none_alive(qtbot):
     for _ in range(1000):
         label.setText("x")
     assert sys.getrefcount(None) - before > -100
+
+
+def test_durations_read_as_h_mm_ss():
+    from app.pages.statistics import human_duration
+
+    assert [human_duration(s) for s in (0, 42.4, 600, 3725, 90061)] == [
+        "0:00:00", "0:00:42", "0:10:00", "1:02:05", "25:01:01"]

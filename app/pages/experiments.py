@@ -71,6 +71,7 @@ class ExperimentsPage(QWidget):
         controller.hardware_changed.connect(lambda _: self.show_details())
         controller.joined_changed.connect(lambda _: self.show_details())
         controller.progress.connect(self._on_progress)
+        controller.swarm_changed.connect(lambda _: self._on_progress(None))
         if controller.catalog is not None:
             self.show_catalog(controller.catalog)
 
@@ -170,6 +171,9 @@ class ExperimentsPage(QWidget):
                 rows.append(
                     f"<p><b>Swarm:</b> {p.num_peers} peers, {p.swarm_samples_per_second:.0f} samples/s, "
                     f"loss {loss}; {escape(round_text)}</p>")
+            rank = self.controller.rank()
+            if rank is not None:
+                rows.append(f"<p><b>Your rank:</b> {rank[0]} of {rank[1]} volunteers on the leaderboard</p>")
         return "".join(rows)
 
     def _on_progress(self, _: Progress) -> None:

@@ -52,10 +52,10 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def human_hours(seconds: float) -> str:
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+def human_duration(seconds: float) -> str:
+    """h:mm:ss: compute and paused time (a few minutes of training must not read "0 min")."""
+    s = int(round(max(0.0, seconds)))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def human_count(n: float) -> str:
@@ -196,16 +196,16 @@ class StatisticsPage(QWidget):
             self._stale = True
 
     def _fill_row(self, key: str, t: Totals) -> None:
-        compute = human_hours(t.cpu_seconds + t.gpu_seconds)
+        compute = human_duration(t.cpu_seconds + t.gpu_seconds)
         if t.gpu_seconds:
-            compute += f" ({human_hours(t.gpu_seconds)} GPU)"
+            compute += f" ({human_duration(t.gpu_seconds)} GPU)"
         values = {"Samples": human_count(t.samples), "Compute": compute, "Rounds": human_count(t.rounds),
                   "Data sent": human_bytes(t.bytes_sent), "Data received": human_bytes(t.bytes_received),
-                  "Paused": human_hours(t.paused_seconds)}
+                  "Paused": human_duration(t.paused_seconds)}
         for name, text in values.items():
             self.cells[(key, name)].setText(text)
         if t.paused:
-            reasons = "\n".join(f"{r}: {human_hours(s)}" for r, s in sorted(t.paused.items(), key=lambda kv: -kv[1]))
+            reasons = "\n".join(f"{r}: {human_duration(s)}" for r, s in sorted(t.paused.items(), key=lambda kv: -kv[1]))
             self.cells[(key, "Paused")].setToolTip(reasons)
 
     def buckets(self, now: float | None = None) -> tuple[list[int], list[Point | None]]:
@@ -231,6 +231,7 @@ class StatisticsPage(QWidget):
         starts, points = self.buckets(now)
         fmt = "%a %Hh" if self.range.currentData() == "hours" else "%b %d"  # unique within the range
         labels = [time.strftime(fmt, time.localtime(s)) for s in starts]
+        x_title = "hour (local time)" if self.range.currentData() == "hours" else "day"
 
         def bars(series, name: str, values: list[float], color: str) -> None:
             bar_set = QBarSet(name)
@@ -248,7 +249,7 @@ class StatisticsPage(QWidget):
         bars(data, "Received (MB)", [p.bytes_received / 1e6 if p else 0 for p in points], "#9a9a9a")
         for key, series, unit, fmt in (("samples", samples, "samples", "%.0f"), ("compute", compute, "hours", "%.2f"),
                                        ("data", data, "MB", "%.0f")):
-            _bar_chart(self.charts[key], series, labels, unit, fmt)
+            _bar_chart(self.charts[key], series, labels, unit, fmt, x_title)
         self._stale = False
 
     # ---- the swarm ------------------------------------------------------------------------------
@@ -280,7 +281,7 @@ class StatisticsPage(QWidget):
             me = self.peer_id is not None and c.peer_id == self.peer_id
             name = c.display_name.strip() or short_peer_id(c.peer_id)
             cells = [str(row + 1), name + (" (you)" if me else ""), human_count(c.samples),
-                     human_hours(c.compute_seconds)]
+                     human_duration(c.compute_seconds)]
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(c.peer_id)
@@ -337,7 +338,7 @@ def _reset(view):
     return chart
 
 
-def _bar_chart(view, series, labels: list[str], unit: str, fmt: str) -> None:
+def _bar_chart(view, series, labels: list[str], unit: str, fmt: str, x_title: str) -> None:
     from PySide6.QtCharts import QBarCategoryAxis, QValueAxis
 
     chart = _reset(view)
@@ -351,6 +352,7 @@ def _bar_chart(view, series, labels: list[str], unit: str, fmt: str) -> None:
     small.setPointSize(7)
     axis_x.setLabelsFont(small)
     axis_x.setTruncateLabels(False)
+    axis_x.setTitleText(x_title)
     chart.addAxis(axis_x, Qt.AlignmentFlag.AlignBottom)
     series.attachAxis(axis_x)
     axis_y = QValueAxis()
