@@ -5,6 +5,8 @@ The code is organized as follows:
 - ``backbone``: ``dedloc backbone``, the headless node (DHT bootstrap, relay, catalog and data over
   HTTP, ``/swarm.json``, the learning curve and contributions); its training state is kept by
   ``dedloc_core.engine.keeper``, imported only when the node runs.
+- ``dashboard``: the backbone's public page at ``/`` (one self-contained HTML page polling
+  ``swarm.json``: learning curve, leaderboard, the ``dedloc://add`` link for volunteers).
 - ``httpserve``: a small static HTTP server (files, bytes, callables, ranges).
 - ``demo``: ``dedloc demo``, a backbone and volunteer workers on loopback.
 

@@ -9,7 +9,8 @@ catalog and the data shards over HTTP. On restart it resumes from its last check
 Files in ``--run-dir``: ``identity.key``, ``checkpoint.pt``, ``learning_curve.jsonl``,
 ``contributions.csv`` and ``ready.json`` (addresses, written once the node is up). ``/swarm.json``
 serves the swarm's summary (global step, samples/s, peers, learning curve, leaderboard; see
-``dedloc_core.stats.swarmview``).
+``dedloc_core.stats.swarmview``); ``/`` the public dashboard (``organizer.dashboard``) and ``/catalog.pub``
+the public key line of the key that signed the served catalog.
 
 This module is light (the command line, the HTTP side, the records); the training state is kept by
 ``dedloc_core.engine.keeper``, imported once the HTTP side is up.
@@ -30,10 +31,11 @@ from importlib import resources
 from pathlib import Path
 
 from dedloc_core import paths
-from dedloc_core.catalog import load_trusted_keys, verify_catalog
+from dedloc_core.catalog import load_trusted_keys, public_key_line, verify_catalog
 from dedloc_core.errors import DedlocError, report, user_message
 from dedloc_core.stats.swarmview import SwarmView
 
+from . import dashboard
 from .httpserve import FileServer
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ready-file", type=Path, default=None)
     p.add_argument("--no-relay", action="store_true",
                    help="do not relay for volunteers behind NAT (they join outbound only)")
+    p.add_argument("--contact", default="", metavar="TEXT",
+                   help="how volunteers ask for an invite; shown on the dashboard for invite-only experiments")
     return p.parse_args(argv)
 
 
@@ -81,7 +85,8 @@ class Backbone:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.stop = threading.Event()
 
-    def _load_catalog(self) -> tuple[bytes, object]:
+    def _load_catalog(self) -> tuple[bytes, object, str]:
+        """The signed catalog's bytes, our experiment, and the public key line that signed it."""
         keys = load_trusted_keys()
         keys.update(load_trusted_keys(self.args.trusted_key) if self.args.trusted_key else {})
         if self.args.catalog:
@@ -92,27 +97,33 @@ class Backbone:
         experiment = catalog.get(self.args.experiment)
         if experiment is None:
             raise DedlocError(f"No experiment {self.args.experiment!r} in the catalog.", title="Unknown experiment")
-        return data, experiment
+        key_line = public_key_line(keys[json.loads(data)["key_id"]])  # verified above: the key is there
+        return data, experiment, key_line
 
     def run(self) -> int:
-        catalog_bytes, exp = self._load_catalog()
+        catalog_bytes, exp, key_line = self._load_catalog()
         self.view = SwarmView.load(self.run_dir, exp.run_id)
         with ExitStack() as stack:
             http_url = None
             if self.args.http_port >= 0:
-                http_url = self._serve_http(stack, catalog_bytes)
+                http_url = self._serve_http(stack, catalog_bytes, exp, key_line)
             self._train_keeper(exp, http_url)
         return 0
 
-    def _serve_http(self, stack: ExitStack, catalog_bytes: bytes) -> str:
-        server = FileServer({"/catalog.json": catalog_bytes, "/swarm.json": self.view.to_json},
+    def _serve_http(self, stack: ExitStack, catalog_bytes: bytes, exp, key_line: str) -> str:
+        server = FileServer({"/catalog.json": catalog_bytes, "/catalog.pub": (key_line + "\n").encode(),
+                             "/swarm.json": self.view.to_json},
                             host=self.args.http_host, port=self.args.http_port)
+        page = dashboard.render(exp, key_line, self.args.contact)
+        server.add("/", page, content_type="text/html; charset=utf-8")
+        server.add("/index.html", page)
         data_dir = self.args.data_dir
         if data_dir is None:
             data_dir = stack.enter_context(resources.as_file(paths.resource("corpus")))
         server.serve_dir("/data/", Path(data_dir))
         stack.enter_context(server)
         logger.info("Serving the catalog and data at %s", server.url)
+        logger.info("Dashboard at %s", server.url)
         return server.url
 
     def _train_keeper(self, exp, http_url: str | None) -> None:

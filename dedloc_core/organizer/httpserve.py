@@ -46,8 +46,10 @@ def _content_type(name: str) -> str:
     suffix = PurePosixPath(name).suffix.lower()
     if suffix == ".json":
         return "application/json"
-    if suffix in (".txt", ".text", ".md", ".csv", ".log"):
+    if suffix in (".txt", ".text", ".md", ".csv", ".log", ".pub"):
         return "text/plain; charset=utf-8"
+    if suffix in (".html", ".htm"):
+        return "text/html; charset=utf-8"
     return "application/octet-stream"
 
 
@@ -178,7 +180,8 @@ class FileServer:
     """Static files over HTTP on a daemon thread: ``FileServer(routes).start()`` … ``.stop()``.
 
     ``routes`` maps URL paths (``"/catalog.json"``) to a file, bytes, or a callable called on every
-    request. ``ranges=False`` makes the server ignore ``Range`` headers (a test hook, like
+    request; the content type comes from the path's suffix, or from ``add(..., content_type=)``.
+    ``ranges=False`` makes the server ignore ``Range`` headers (a test hook, like
     ``requests``: a list of ``(method, raw path, Range header or None)``).
     """
 
@@ -195,6 +198,7 @@ class FileServer:
         self.ranges = ranges
         self.requests: list[tuple[str, str, str | None]] = []
         self._routes: dict[str, Source] = {}
+        self._types: dict[str, str] = {}  # route path -> content type given to add()
         self._dirs: dict[str, Path] = {}
         self._lock = threading.Lock()
         self._httpd: _HTTPServer | None = None
@@ -204,13 +208,18 @@ class FileServer:
 
     # -- configuration ---------------------------------------------------------------------------
 
-    def add(self, path: str, source: Source) -> None:
-        """Serve ``source`` at URL ``path`` (replaces an existing route)."""
+    def add(self, path: str, source: Source, content_type: str | None = None) -> None:
+        """Serve ``source`` at URL ``path`` (replaces an existing route), as ``content_type`` if
+        given (else guessed from the path's suffix: ``/`` needs one to be served as HTML)."""
         key = "/" + path.lstrip("/")
         if _clean_segments(key) is None:
             raise ValueError(f"bad route path: {path!r}")
         with self._lock:
             self._routes[key] = source
+            if content_type is None:
+                self._types.pop(key, None)
+            else:
+                self._types[key] = content_type
 
     def serve_dir(self, prefix: str, directory: Path) -> None:
         """Serve the regular, non-hidden files under ``directory`` at ``/prefix/…``."""
@@ -286,21 +295,22 @@ class FileServer:
         path = "/" + "/".join(segments)
         with self._lock:
             source = self._routes.get(path)
+            content_type = self._types.get(path)
             dirs = list(self._dirs.items())
         if source is not None:
-            return self._open_source(source, path)
+            return self._open_source(source, path, content_type)
         for prefix, root in sorted(dirs, key=lambda item: -len(item[0])):
             if path.startswith(prefix):
                 return self._open_in_dir(root, path[len(prefix) :])
         return None
 
     @staticmethod
-    def _open_source(source: Source, path: str) -> _Body | None:
+    def _open_source(source: Source, path: str, content_type: str | None = None) -> _Body | None:
         if isinstance(source, Path):
             name = path if PurePosixPath(path).suffix else source.name
-            return _open_file(source, _content_type(name))
+            return _open_file(source, content_type or _content_type(name))
         data = source if isinstance(source, bytes) else source()
-        return _Body(size=len(data), content_type=_content_type(path), data=bytes(data))
+        return _Body(size=len(data), content_type=content_type or _content_type(path), data=bytes(data))
 
     @staticmethod
     def _open_in_dir(root: Path, relative: str) -> _Body | None:
