@@ -45,6 +45,7 @@ class AddSourceDialog(QDialog):
     def __init__(self, controller: Controller, link: str = "", parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Add experiments")
+        self.setMinimumSize(560, 420)
         self.controller = controller
         self.found: tuple[str, str, str] | None = None  # url, key, organizer
         self.link = QLineEdit(link)
@@ -120,6 +121,7 @@ class SourcesDialog(QDialog):
     def __init__(self, controller: Controller, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Catalog sources")
+        self.setMinimumSize(560, 320)
         self.controller = controller
         self.list = QListWidget()
         self.remove_button = QPushButton("Remove")

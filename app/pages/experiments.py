@@ -69,7 +69,7 @@ class ExperimentsPage(QWidget):
         self.sources_button.clicked.connect(self.open_sources)
         controller.catalog_changed.connect(self.show_catalog)
         controller.hardware_changed.connect(lambda _: self.show_details())
-        controller.joined_changed.connect(lambda _: self.show_details())
+        controller.joined_changed.connect(self._on_joined)
         controller.progress.connect(self._on_progress)
         controller.swarm_changed.connect(lambda _: self._on_progress(None))
         if controller.catalog is not None:
@@ -102,6 +102,13 @@ class ExperimentsPage(QWidget):
                 self.list.setCurrentItem(item)
         if self.list.currentItem() is None and self.list.count():
             self.list.setCurrentRow(0)
+        self.show_details()
+
+    def _on_joined(self, experiment_id: str | None) -> None:
+        """Show the experiment just joined (from the tray, the first-run dialog or this page)."""
+        for i in range(self.list.count()):
+            if experiment_id and self.list.item(i).data(Qt.ItemDataRole.UserRole) == experiment_id:
+                self.list.setCurrentRow(i)
         self.show_details()
 
     def open_add_dialog(self, link: str = ""):
