@@ -45,7 +45,7 @@ def test_bad_files_give_clear_errors(tmp_path, capsys):
     assert "No statistics file" in capsys.readouterr().err
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"garbage" * 100)
-    assert main(["--db", str(junk)]) == 1
+    assert main(["--db", str(junk)]) == EXIT_EXPLAINED
     assert "Statistics unavailable" in capsys.readouterr().err
     assert junk.read_bytes() == b"garbage" * 100
 

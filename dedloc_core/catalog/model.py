@@ -243,6 +243,10 @@ class Experiment(_Model):
     expires_at: AwareDatetime | None = None
     mode: Literal["sync", "diloco"] = "sync"
     diloco: DilocoParams = Field(default_factory=DilocoParams)
+    # How each peer combines the parts it reduces (engine/robust.py): a NaN/inf part is dropped either way
+    aggregation: Literal["mean", "centered_clip"] = "mean"
+    clip_radius: float = Field(1.0, gt=0.0, le=100.0)  # tau, in median distances from the median
+    clip_iterations: int = Field(3, ge=1, le=20)
 
     @model_validator(mode="after")
     def _consistent(self) -> Experiment:

@@ -8,6 +8,7 @@ The code is organized as follows:
 - ``swarm``: building a hivemind DHT and Optimizer for an experiment.
 - ``diloco``, ``delta_averaging``: low-communication training (DiLoCo) and its delta all-reduce.
 - ``hivemind_patches``: our named fixes and hooks on hivemind 1.1.12.
+- ``robust``: robust aggregation (NaN/inf parts dropped, centered clip) and bans of repeat offenders.
 - ``bandwidth``: the shared token buckets that cap this peer's p2p traffic.
 - ``reachability``: direct, via relay or outbound only; the dial-back service.
 - ``metrics``: signed per-peer metrics in the DHT (the leaderboard's source).

@@ -48,6 +48,16 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    the caller of ``run_coroutine`` got ``GeneratorExit`` (both seen in the network lab). Now
    ``asyncio.create_task`` keeps every task in a set until it is done, and ``MPFuture.__await__``
    keeps the future until the await ends.
+7. ``robust aggregation``: ``TensorPartReducer`` (``averaging/partition.py``) adds every sender's
+   part to a weighted mean, NaN and all: one broken or hostile peer poisons every peer's step.
+   ``accumulate_part`` now drops a non-finite part (that sender leaves this round, named in the log,
+   with a strike, see ``engine/robust.py``), and with ``robust.configure("centered_clip")`` keeps the
+   parts and returns their centered clip instead of the mean. ``on_sender_failed`` is made
+   idempotent (a dropped sender is banned by the runner too). ``AllReduceRunner`` tells its reducer
+   the senders' peer ids (for the log), a peer whose own parts were dropped still reduces the others'
+   parts, then keeps its local values (as for a failed reducer) instead of waiting forever, and ``Matchmaking``
+   (``averaging/matchmaking.py``) neither accepts nor follows a peer that ``robust.banned`` (one
+   dropped again and again).
 """
 
 from __future__ import annotations
@@ -102,6 +112,7 @@ def install() -> None:
     _patch_8bit_codecs()
     _patch_p2pd_flags()
     _patch_task_references()
+    _patch_robust_aggregation()
 
 
 _alive: set = set()  # patch 6: tasks not done yet and MPFutures being awaited, in this process
@@ -356,3 +367,108 @@ def _patch_p2pd_flags() -> None:
         return p2p
 
     P2P.create = classmethod(create_without_relay_service)  # type: ignore[method-assign,assignment]
+
+
+def _patch_robust_aggregation() -> None:
+    """Patch 7 (see the module docstring)."""
+    import logging
+
+    from hivemind.averaging import allreduce, matchmaking, partition
+    from hivemind.proto import averaging_pb2
+
+    from . import robust
+
+    log = logging.getLogger(__name__)
+    reducer = partition.TensorPartReducer
+    original_reset, original_failed = reducer.reset_accumulators, reducer.on_sender_failed
+
+    def reset_accumulators(self) -> None:
+        self.robust_parts = []  # (part, weight) of the current part, kept for centered_clip
+        original_reset(self)
+
+    def on_sender_failed(self, sender_index: int) -> None:
+        if self.sender_failed_after[sender_index] == float("inf"):
+            original_failed(self, sender_index)
+
+    async def accumulate_part(self, sender_index: int, part_index: int, tensor_part, weight: float = 1.0):
+        assert 0 <= sender_index < self.num_senders, "invalid sender index"
+        assert 0 <= part_index < self.num_parts, "invalid part index"
+        self.num_parts_received[sender_index] += 1
+        while part_index > self.current_part_index:
+            await asyncio.wait({self.current_part_future, asyncio.create_task(self.finished.wait())},
+                               return_when=asyncio.FIRST_COMPLETED)
+            if self.finished.is_set():
+                raise partition.AllreduceException(f"attempted to aggregate part in a finalized {type(self).__name__}")
+        if self.sender_failed_after[sender_index] != float("inf"):
+            raise partition.BannedException(f"sender {sender_index} was banned in background")
+        assert part_index == self.current_part_index
+        current_part_future = self.current_part_future
+        if part_index < self.sender_failed_after[sender_index]:
+            if not robust.finite(tensor_part):
+                self.num_parts_received[sender_index] -= 1  # not counted: the sender fails before this part
+                names = getattr(self, "sender_names", None)
+                peer = names[sender_index] if names else f"sender {sender_index}"
+                log.warning("Dropped part %d from %s: it holds NaN or inf; it leaves this round", part_index, peer)
+                robust.strike(peer)
+                self.on_sender_failed(sender_index)
+                raise partition.BannedException(f"{peer} sent a non-finite part")
+            if robust.kind() == "centered_clip":
+                self.robust_parts.append((tensor_part.detach().clone(), float(weight)))
+            else:
+                self.accumulator.add_(tensor_part, alpha=weight)
+            self.current_part_accumulated_from += 1
+            self.denominator += weight
+            self.check_current_part_finished()
+        return await current_part_future
+
+    def check_current_part_finished(self) -> None:
+        assert self.current_part_accumulated_from <= self.num_current_senders
+        if self.current_part_accumulated_from == self.num_current_senders:
+            if self.robust_parts:
+                parts, weights = zip(*self.robust_parts, strict=True)
+                result = robust.centered_clip(list(parts), list(weights))
+            else:
+                result = self.accumulator.div_(self.denominator)
+            self.current_part_future.set_result(result)
+            self.reset_accumulators()
+
+    reducer.reset_accumulators = reset_accumulators
+    reducer.on_sender_failed = on_sender_failed
+    reducer.accumulate_part = accumulate_part
+    reducer.check_current_part_finished = check_current_part_finished
+
+    runner_init = allreduce.AllReduceRunner.__init__
+
+    def init(self, *args: Any, **kwargs: Any) -> None:
+        runner_init(self, *args, **kwargs)
+        self.tensor_part_reducer.sender_names = [str(p) for p in self.sender_peer_ids]
+
+    allreduce.AllReduceRunner.__init__ = init
+    communicate = allreduce.AllReduceRunner._communicate_with_peer
+
+    async def _communicate_with_peer(self, peer_id) -> None:
+        try:
+            await communicate(self, peer_id)
+        except partition.BannedException:  # our own parts were dropped (NaN): we get no average of them
+            if peer_id == self.peer_id:
+                await self.tensor_part_reducer.finished.wait()  # but we reduce the others' parts to the end
+                self.tensor_part_container.register_failed_reducer(self.ordered_peer_ids.index(peer_id))
+            raise
+
+    allreduce.AllReduceRunner._communicate_with_peer = _communicate_with_peer
+
+    mm = matchmaking.Matchmaking
+    check, request = mm._check_reasons_to_reject, mm._request_join_group
+
+    def _check_reasons_to_reject(self, request_msg, context):
+        if robust.banned(str(context.remote_id)):
+            return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+        return check(self, request_msg, context)
+
+    async def _request_join_group(self, leader):
+        if robust.banned(str(leader)):
+            return None
+        return await request(self, leader)
+
+    mm._check_reasons_to_reject = _check_reasons_to_reject
+    mm._request_join_group = _request_join_group

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from . import metrics, swarm
+from . import metrics, robust, swarm
 from .diloco import DilocoOptimizer
 from .reachability import serve_dialback
 from .recipes import load_recipe
@@ -33,6 +33,7 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
          write_ready: Callable[[dict], None]) -> None:
     """Join the swarm of ``exp`` as its keeper (``args``: the backbone's options) until ``stop``."""
     swarm.prepare_process()
+    robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)
     recipe = load_recipe(exp.recipe, exp.recipe_params)
     model = recipe.build_model(seed=0)
     cfg = swarm.SwarmConfig(

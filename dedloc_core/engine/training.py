@@ -21,7 +21,7 @@ from dedloc_core.catalog import Experiment
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
 
-from . import hivemind_patches, limits, metrics, reachability, swarm
+from . import hivemind_patches, limits, metrics, reachability, robust, swarm
 from .channel import Control, EventChannel
 from .diloco import DilocoOptimizer
 from .reachability import RELAY_LOST, VIA_RELAY, only_loopback
@@ -66,6 +66,7 @@ class Session:
 
         limits.lower_priority(limits.worker_nice())  # before hivemind forks and torch starts threads
         swarm.prepare_process()
+        robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)  # before hivemind forks
         self._apply_limits()
         self.recipe = load_recipe(exp.recipe, exp.recipe_params)
         self.model = self.recipe.build_model(seed=0)

@@ -1,0 +1,118 @@
+"""Robust aggregation (hivemind_patches patch 7, engine/robust.py) with real hivemind averagers on
+loopback: a peer sending NaN never enters the average; with centered_clip an amplified peer barely
+moves it, where the plain mean follows it; without the patch one NaN poisons every peer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dedloc_core.engine import robust
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Four DecentralizedAverager peers in one process (each forks its own averager), one all-reduce
+# round. Peer i holds a vector of HONEST[i]; the last one is the attacker ("nan" or "x1000").
+SWARM = """
+import json, sys, time
+import torch, hivemind
+patched, aggregation, attack = sys.argv[1] == "patched", sys.argv[2], sys.argv[3]
+if patched:
+    from dedloc_core.engine import hivemind_patches, robust
+    hivemind_patches.install()
+    robust.configure(aggregation)
+honest = [1.0, 1.2, 0.8]
+first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+dhts = [first] + [hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                               initial_peers=[str(a) for a in first.get_visible_maddrs()]) for _ in range(3)]
+values = [torch.full((1000,), v) for v in honest]
+values.append(torch.full((1000,), float("nan")) if attack == "nan" else torch.full((1000,), 1000.0))
+averagers = [hivemind.averaging.DecentralizedAverager([v.clone()], dht=d, prefix="robust", target_group_size=4,
+                                                      min_matchmaking_time=3.0, request_timeout=1.0, start=True)
+             for v, d in zip(values, dhts)]
+futures = [a.step(wait=False, timeout=60) for a in averagers]
+groups = []
+for f in futures:
+    try:
+        groups.append(len(f.result()))
+    except Exception as exc:
+        groups.append(repr(exc)[:80])
+out = []
+for a in averagers[:3]:
+    with a.get_tensors() as tensors:
+        t = tensors[0]
+        out.append([float(t.min()), float(t.max()), bool(torch.isfinite(t).all())])
+print(json.dumps({"honest": out, "groups": groups}))
+for a in averagers:
+    a.shutdown()
+for d in dhts:
+    d.shutdown()
+"""
+
+
+def swarm(mode: str, aggregation: str, attack: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", SWARM, mode, aggregation, attack], cwd=ROOT, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_nan_peer_never_enters_the_average():
+    seen = swarm("patched", "mean", "nan")
+    for low, high, finite in seen["honest"]:
+        assert finite and low == pytest.approx(1.0, abs=1e-4) and high == pytest.approx(1.0, abs=1e-4), seen
+
+
+@pytest.mark.slow
+def test_without_the_patch_one_nan_poisons_every_peer():
+    # the bug patch 7 exists for: if hivemind ever drops non-finite parts itself, this fails
+    seen = swarm("plain", "mean", "nan")
+    assert all(not finite for _, _, finite in seen["honest"]), seen
+
+
+@pytest.mark.slow
+def test_centered_clip_holds_against_an_amplified_peer_where_the_mean_follows_it():
+    clipped = swarm("patched", "centered_clip", "x1000")
+    mean = swarm("patched", "mean", "x1000")
+    for low, high, finite in clipped["honest"]:
+        assert finite and 0.9 < low <= high < 1.6, clipped  # the honest mean is 1.0
+    for low, _, _ in mean["honest"]:
+        assert low > 200, mean  # (1 + 1.2 + 0.8 + 1000) / 4
+
+
+def test_centered_clip_math():
+    honest = [torch.full((10,), v) for v in (1.0, 1.1, 0.9, 1.05)]
+    robust.configure("centered_clip", radius=1.0, iterations=5)
+    try:
+        out = robust.centered_clip(honest + [torch.full((10,), 1e6)], [1.0] * 5)
+        assert float(out.max()) < 1.2 and float(out.min()) > 0.9
+        same = robust.centered_clip(honest, [1.0] * 4)  # no outlier: close to the mean
+        assert float((same - 1.0125).abs().max()) < 0.05
+    finally:
+        robust.configure("mean")
+
+
+def test_a_peer_dropped_again_and_again_is_banned_for_a_while():
+    peer = "QmRepeatOffender"
+    assert not robust.strike(peer, now=0.0) and not robust.strike(peer, now=1.0)
+    assert robust.strike(peer, now=2.0) and robust.banned(peer, now=3.0)
+    assert not robust.banned(peer, now=3.0 + robust.BAN_SECONDS)
+
+
+def test_the_catalog_chooses_the_aggregation():
+    from conftest import tiny_experiment
+
+    from dedloc_core.catalog import Experiment
+    from dedloc_core.errors import CatalogError
+
+    exp = Experiment.model_validate(tiny_experiment(aggregation="centered_clip", clip_radius=2.0, clip_iterations=5))
+    assert (exp.aggregation, exp.clip_radius, exp.clip_iterations) == ("centered_clip", 2.0, 5)
+    assert Experiment.model_validate(tiny_experiment()).aggregation == "mean"
+    with pytest.raises((CatalogError, ValueError)):
+        Experiment.model_validate(tiny_experiment(aggregation="median"))
