@@ -35,7 +35,7 @@ values.append(torch.full((1000,), float("nan")) if attack == "nan" else torch.fu
 averagers = [hivemind.averaging.DecentralizedAverager([v.clone()], dht=d, prefix="robust", target_group_size=4,
                                                       min_matchmaking_time=3.0, request_timeout=1.0, start=True)
              for v, d in zip(values, dhts)]
-futures = [a.step(wait=False, timeout=60) for a in averagers]
+futures = [a.step(wait=False, timeout=60, allow_retries=False) for a in averagers]
 groups = []
 for f in futures:
     try:
@@ -116,3 +116,63 @@ def test_the_catalog_chooses_the_aggregation():
     assert Experiment.model_validate(tiny_experiment()).aggregation == "mean"
     with pytest.raises((CatalogError, ValueError)):
         Experiment.model_validate(tiny_experiment(aggregation="median"))
+
+
+# Three peers; the victim sends each reducer its first part, then vanishes from the round (as a peer
+# killed mid-round would), in its own averager only. hivemind averaged the rest without it.
+PARTIAL = """
+import json, sys
+import torch, hivemind
+from hivemind.averaging import allreduce
+if sys.argv[1] == "patched":
+    from dedloc_core.engine import hivemind_patches
+    hivemind_patches.install()
+first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+dhts = [first] + [hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                               initial_peers=[str(a) for a in first.get_visible_maddrs()]) for _ in range(2)]
+VICTIM = dhts[2].peer_id
+generate = allreduce.AllReduceRunner._generate_input_for_peer
+
+async def vanishing(self, peer_index):
+    sent = 0
+    async for message in generate(self, peer_index):
+        if self.peer_id == VICTIM and sent == 1:
+            raise ConnectionResetError("the victim vanished")
+        yield message
+        sent += 1
+
+allreduce.AllReduceRunner._generate_input_for_peer = vanishing
+values = [torch.full((2_000_000,), float(v)) for v in (1.0, 2.0, 3.0)]
+averagers = [hivemind.averaging.DecentralizedAverager([v.clone()], dht=d, prefix="partial", target_group_size=3,
+                                                      min_matchmaking_time=3.0, request_timeout=1.0,
+                                                      next_chunk_timeout=3.0, start=True)
+             for v, d in zip(values, dhts)]
+futures = [a.step(wait=False, timeout=30, allow_retries=False) for a in averagers]
+outcome = []
+for f in futures[:2]:
+    try:
+        outcome.append(len(f.result(timeout=90)))
+    except Exception as exc:
+        outcome.append(type(exc).__name__)
+print(json.dumps(outcome))
+for a in averagers:
+    a.shutdown()
+for d in dhts:
+    d.shutdown()
+"""
+
+
+def partial(mode: str) -> list:
+    out = subprocess.run([sys.executable, "-c", PARTIAL, mode], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_partial_all_reduce_is_a_failed_round():
+    assert partial("patched") == ["MatchmakingException", "MatchmakingException"]  # both honest peers fail
+
+
+@pytest.mark.slow
+def test_without_the_patch_a_partial_all_reduce_passes_for_a_success():
+    assert partial("plain") == [3, 3]

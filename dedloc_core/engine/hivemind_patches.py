@@ -57,7 +57,11 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    the senders' peer ids (for the log), a peer whose own parts were dropped still reduces the others'
    parts, then keeps its local values (as for a failed reducer) instead of waiting forever, and ``Matchmaking``
    (``averaging/matchmaking.py``) neither accepts nor follows a peer that ``robust.banned`` (one
-   dropped again and again).
+   dropped again and again). A partial all-reduce is a failed round: a reducer that lost a sender
+   (killed, timed out, not for its content) answers its remaining parts with an error instead of an
+   average without it, and a peer that misses any reducer's results raises in
+   ``AllReduceRunner.run`` before the next output (hivemind logged "received 54 % of input tensors" and went on, which
+   merged two rounds in DiLoCo); every peer of the group then keeps its local state.
 """
 
 from __future__ import annotations
@@ -384,6 +388,8 @@ def _patch_robust_aggregation() -> None:
 
     def reset_accumulators(self) -> None:
         self.robust_parts = []  # (part, weight) of the current part, kept for centered_clip
+        if not hasattr(self, "dropped"):
+            self.dropped = set()  # senders left out for what they sent (NaN): not a partial round
         original_reset(self)
 
     def on_sender_failed(self, sender_index: int) -> None:
@@ -410,6 +416,7 @@ def _patch_robust_aggregation() -> None:
                 peer = names[sender_index] if names else f"sender {sender_index}"
                 log.warning("Dropped part %d from %s: it holds NaN or inf; it leaves this round", part_index, peer)
                 robust.strike(peer)
+                self.dropped.add(sender_index)
                 self.on_sender_failed(sender_index)
                 raise partition.BannedException(f"{peer} sent a non-finite part")
             if robust.kind() == "centered_clip":
@@ -424,12 +431,19 @@ def _patch_robust_aggregation() -> None:
     def check_current_part_finished(self) -> None:
         assert self.current_part_accumulated_from <= self.num_current_senders
         if self.current_part_accumulated_from == self.num_current_senders:
-            if self.robust_parts:
+            lost = [i for i, after in enumerate(self.sender_failed_after)
+                    if after <= self.current_part_index and i not in self.dropped]
+            if lost:  # a sender vanished: its part is missing from this average, so there is none
+                self.current_part_future.set_exception(partition.AllreduceException(
+                    f"partial all-reduce: {len(lost)} of {self.num_senders} senders lost; the round fails"))
+                self.current_part_future.exception()  # retrieved: no "never retrieved" warning
+            elif self.robust_parts:
                 parts, weights = zip(*self.robust_parts, strict=True)
                 result = robust.centered_clip(list(parts), list(weights))
             else:
                 result = self.accumulator.div_(self.denominator)
-            self.current_part_future.set_result(result)
+            if not lost:
+                self.current_part_future.set_result(result)
             self.reset_accumulators()
 
     reducer.reset_accumulators = reset_accumulators
@@ -449,13 +463,25 @@ def _patch_robust_aggregation() -> None:
     async def _communicate_with_peer(self, peer_id) -> None:
         try:
             await communicate(self, peer_id)
-        except partition.BannedException:  # our own parts were dropped (NaN): we get no average of them
-            if peer_id == self.peer_id:
-                await self.tensor_part_reducer.finished.wait()  # but we reduce the others' parts to the end
+        except Exception as exc:
+            if peer_id == self.peer_id:  # hivemind does not expect our own reducer to fail us: it would hang
+                if isinstance(exc, partition.BannedException):  # our parts were dropped (NaN): still reduce
+                    await self.tensor_part_reducer.finished.wait()  # the others' parts to the end
                 self.tensor_part_container.register_failed_reducer(self.ordered_peer_ids.index(peer_id))
             raise
 
     allreduce.AllReduceRunner._communicate_with_peer = _communicate_with_peer
+    run = allreduce.AllReduceRunner.run
+
+    async def run_whole(self):
+        container = self.tensor_part_container
+        async for delta in run(self):  # each output comes once all its parts are in (averaged or failed)
+            if container.failed_size:  # a reducer's parts are missing: a partial all-reduce is a failed round
+                raise partition.AllreduceException(
+                    f"partial all-reduce: {container.failed_size} of {container.total_size} values not averaged")
+            yield delta
+
+    allreduce.AllReduceRunner.run = run_whole
 
     mm = matchmaking.Matchmaking
     check, request = mm._check_reasons_to_reject, mm._request_join_group
