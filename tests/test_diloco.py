@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import start_command, tiny_experiment
-from swarmpeer import SwarmPeer, wait_until
+from swarmpeer import SwarmPeer, start_backbone, wait_until
 
 from dedloc_core.catalog import validate_catalog
 from dedloc_core.errors import CatalogError
@@ -184,26 +180,6 @@ def test_two_diloco_peers_hold_the_same_outer_model_and_loss_falls(spawn_worker,
     assert sent > 0
 
 
-def start_backbone(experiment: dict, folder: Path):
-    """``dedloc backbone`` on loopback for ``experiment``: (process, its ready.json)."""
-    from netlab.peers import signed_catalog
-
-    catalog, key = signed_catalog(experiment, folder / "catalog")
-    ready = folder / "backbone" / "ready.json"
-    log = (folder / "backbone.log").open("w")
-    proc = subprocess.Popen([
-        sys.executable, "-m", "dedloc_core.organizer.backbone", "--experiment", experiment["id"],
-        "--catalog", str(catalog),
-        "--trusted-key", str(key), "--run-dir", str(folder / "backbone"), "--ready-file", str(ready),
-        "--listen", "/ip4/127.0.0.1/tcp/0", "--http-port", "-1", "--poll", "1", "--checkpoint-every", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home")})
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, (folder / "backbone.log").read_text()[-3000:]
-        time.sleep(0.3)
-    return proc, json.loads(ready.read_text())
-
-
 def tensors_digest(tensors: list[torch.Tensor]) -> list[float]:
     """What ``DilocoOptimizer.outer_digest`` computes."""
     flat = torch.cat([t.reshape(-1).float() for t in tensors])
@@ -215,7 +191,7 @@ def test_the_backbone_follows_the_outer_model_without_joining_rounds(spawn_worke
     diloco = {**DILOCO, "compression": "fp16"}
     exp = tiny_experiment(run_id="diloco_test", mode="diloco", diloco=diloco, matchmaking_time=2.0,
                           averaging_timeout=20.0)
-    backbone, ready = start_backbone(exp, tmp_path)
+    backbone, ready, _ = start_backbone(exp, tmp_path, extra=("--checkpoint-every", "1"))
     try:
         assert ready["mode"] == "diloco"
         peers = [join(spawn_worker, corpus_server, f"d{i}", initial_peers=ready["maddrs"], seed=i + 1,

@@ -11,13 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import tiny_experiment
 from desktop import need, xvfb
+from swarmpeer import start_backbone
 
 from dedloc_core.catalog import sources
 
@@ -26,25 +26,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 SCREENS = ROOT / "artifacts" / "screens"
 NAME = "Flow Volunteer"
-
-
-def start_backbone(experiment: dict, folder: Path):
-    from netlab.peers import signed_catalog
-
-    catalog, key = signed_catalog(experiment, folder / "catalog")
-    ready = folder / "backbone" / "ready.json"
-    log = (folder / "backbone.log").open("w")
-    proc = subprocess.Popen([
-        sys.executable, "-m", "dedloc_core.organizer.backbone", "--experiment", experiment["id"],
-        "--catalog", str(catalog), "--trusted-key", str(key), "--run-dir", str(folder / "backbone"),
-        "--ready-file", str(ready), "--listen", "/ip4/127.0.0.1/tcp/0", "--http-port", "0", "--poll", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home")})
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, (folder / "backbone.log").read_text()[-3000:]
-        time.sleep(0.3)
-    key_b64 = key.read_text().split()[1]
-    return proc, json.loads(ready.read_text()), key_b64
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess:
@@ -57,7 +38,7 @@ def test_a_volunteer_joins_from_the_organizers_link_and_shows_on_the_dashboard(t
     need("Xvfb", "xdpyinfo", "openbox", "trayer", "xdotool")
     exp = tiny_experiment(id="flow-exp", title="Flow experiment", organizer="Flow Lab", run_id="flow_exp",
                           target_batch_size=256)
-    backbone, ready, key_b64 = start_backbone(exp, tmp_path)
+    backbone, ready, key_b64 = start_backbone(exp, tmp_path, http=True)
     try:
         http = ready["http_url"]
         with urllib.request.urlopen(f"{http}catalog.pub", timeout=10) as response:  # the key the page links
