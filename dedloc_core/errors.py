@@ -117,24 +117,44 @@ _OS_ERRORS = {
 
 
 def user_message(error: object) -> UserMessage:
-    """The one translation of an error (an exception, or a worker's ``Error`` event) for a person."""
+    """The one translation of an error (an exception, or a worker's ``Error`` event) for a person.
+    Never raises, whatever ``error`` is (an exception whose ``str`` fails, an odd ``errno``, ...)."""
+    try:
+        return _user_message(error)
+    except Exception:  # noqa: BLE001 - a hostile object (a property that raises, ...): say what we can
+        return UserMessage("Unexpected error", type(error).__name__,
+                           "This is a bug in DeDLOC Volunteer; please report it with the log.", "unexpected",
+                           EXIT_UNEXPECTED if isinstance(error, BaseException) else EXIT_EXPLAINED)
+
+
+def _text(value: object) -> str:
+    """``str(value)``, or its type's name when that fails (a ``__str__`` that raises, a self-nested list)."""
+    try:
+        return value if isinstance(value, str) else str(value)
+    except Exception:  # noqa: BLE001
+        return f"<{type(value).__name__}>"
+
+
+def _user_message(error: object) -> UserMessage:
     if isinstance(error, DedlocError):
-        return UserMessage(error.title, error.message, error.hint, error.code, EXIT_EXPLAINED)
+        return UserMessage(_text(error.title), _text(error.message), _text(error.hint), _text(error.code),
+                           EXIT_EXPLAINED)
     if isinstance(error, KeyboardInterrupt):
         return UserMessage("Interrupted", "Stopped at your request.", "", "interrupted", EXIT_INTERRUPTED)
     if isinstance(error, OSError):
-        title, hint = _OS_ERRORS.get(error.errno, ("System error", ""))
-        where = f" ({error.filename})" if error.filename else ""
-        code = "os." + errno.errorcode.get(error.errno or 0, "error")
-        return UserMessage(title, f"{error.strerror or error}{where}.", hint, code, EXIT_EXPLAINED)
+        number = error.errno if isinstance(error.errno, int) else None  # OSError("a", "b").errno is "a"
+        title, hint = _OS_ERRORS.get(number, ("System error", ""))
+        where = f" ({_text(error.filename)})" if error.filename else ""
+        code = "os." + errno.errorcode.get(number or 0, "error")
+        return UserMessage(title, f"{_text(error.strerror or error)}{where}.", hint, code, EXIT_EXPLAINED)
     if isinstance(error, BaseException):
-        return UserMessage("Unexpected error", f"{type(error).__name__}: {error}",
+        return UserMessage("Unexpected error", f"{type(error).__name__}: {_text(error)}",
                            "This is a bug in DeDLOC Volunteer; please report it with the log.", "unexpected",
                            EXIT_UNEXPECTED)
     # a worker's Error event (dedloc_core.protocol.Error): the worker translated it already
-    title, message = getattr(error, "title", "Error"), getattr(error, "message", str(error))
-    return UserMessage(title, message, getattr(error, "hint", "") or "", getattr(error, "code", "error"),
-                       EXIT_EXPLAINED)
+    title, message = getattr(error, "title", "Error"), getattr(error, "message", error)
+    return UserMessage(_text(title), _text(message), _text(getattr(error, "hint", "") or ""),
+                       _text(getattr(error, "code", "error")), EXIT_EXPLAINED)
 
 
 def report(error: object, stream: TextIO | None = None) -> int:

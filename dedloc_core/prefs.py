@@ -136,6 +136,8 @@ def load(path: Path | None = None) -> Loaded:
         return _replace(path, f"has an invalid value ({where}: {first['msg']})")
     except ValueError as exc:
         return _replace(path, f"is not valid JSON ({exc})")
+    except RecursionError:  # json's C parser gives up on very deep nesting
+        return _replace(path, "is not valid JSON (nested too deeply)")
 
 
 def _replace(path: Path, problem: str) -> Loaded:

@@ -11,6 +11,7 @@ such a command with an ``error`` event and carries on.
 from __future__ import annotations
 
 import json
+import reprlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -167,18 +168,27 @@ def _decode(line: str | bytes, adapter: TypeAdapter[Any]) -> Any:
         data = json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"Not JSON: {exc}", code="not_json") from exc
+    except RecursionError:  # json's C parser gives up on very deep nesting
+        raise ProtocolError("Not JSON: nested too deeply.", code="not_json") from None
     if not isinstance(data, dict):
         raise ProtocolError("A message must be a JSON object.", code="not_object")
     version = data.pop("v", None)
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"Protocol version {version!r}; expected {PROTOCOL_VERSION}.", code="version")
+        raise ProtocolError(f"Protocol version {reprlib.repr(version)}; expected {PROTOCOL_VERSION}.",
+                            code="version")
     try:
         return adapter.validate_python(data)
     except ValidationError as exc:
         kind = data.get("type")
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ProtocolError(f"Bad {kind!r} message: {where}: {first['msg']}", code="invalid") from exc
+        raise ProtocolError(f"Bad {reprlib.repr(kind)} message: {_clip(where)}: {_clip(first['msg'])}",
+                            code="invalid") from exc
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """``text``, cut to ``limit`` characters: a message quotes what it got, and that may be huge."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def decode_command(line: str | bytes) -> Start | Pause | Resume | SetLimits | Stop:

@@ -95,7 +95,8 @@ def load(url: str | None = None, timeout: float = TIMEOUT, *, previous: LoadResu
     try:
         out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=True)
         return decode(out.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError, TypeError) as exc:
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError, TypeError, AttributeError,
+            RecursionError) as exc:  # RecursionError: json.loads of a very deeply nested answer
         stderr = (getattr(exc, "stderr", "") or "").strip()
         logger.warning("The catalog child failed (%s) %s", exc, stderr[-500:])
         why = stderr.splitlines()[-1] if stderr else str(exc)
@@ -115,7 +116,8 @@ def inspect(url: str, key_b64: str, timeout: float = TIMEOUT) -> tuple[Catalog |
         data = json.loads(out.stdout.strip().splitlines()[-1])
         catalog = Catalog.model_validate_json(data["catalog"]) if data["catalog"] is not None else None
         return catalog, _unerror(data["error"])
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError, TypeError) as exc:
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError, TypeError, AttributeError,
+            RecursionError) as exc:  # RecursionError: json.loads of a very deeply nested answer
         logger.warning("The catalog child failed to inspect %s: %s", url, exc)
         return None, catalog_error("check_failed", f"The catalog could not be checked ({exc}).")
 

@@ -306,13 +306,16 @@ def validate_catalog(text: str | bytes | Mapping[str, Any] | Catalog) -> Catalog
     if isinstance(text, Catalog):
         text = text.model_dump_json()
     elif isinstance(text, Mapping):
-        text = json.dumps(text)
+        try:
+            text = json.dumps(text)
+        except (RecursionError, ValueError, TypeError):  # nested too deeply, a huge int, not JSON values
+            raise catalog_error("malformed", "The catalog is not JSON data.") from None
     try:
         return Catalog.model_validate_json(text)
     except ValidationError as exc:
         errors = exc.errors()
-        if any(e["type"] in ("json_invalid", "json_type") or (e["loc"] == () and e["type"] == "model_type")
-               for e in errors):
+        if any(e["type"] in ("json_invalid", "json_type") or (e["loc"] == () and e["type"] in ("model_type",
+               "string_unicode")) for e in errors):
             raise catalog_error("malformed", "The catalog is not a JSON object.") from None
         codes = {e["type"] if e["type"] in _PRIORITY else
                  "invalid_value" if e["type"] in _BOUND_ERRORS else "invalid" for e in errors}

@@ -30,7 +30,7 @@ class Shard(BaseModel):
     @field_validator("sha256")
     @classmethod
     def _hex(cls, value: str) -> str:
-        if not _SHA256.match(value):
+        if not _SHA256.fullmatch(value):  # fullmatch: "$" alone lets a trailing newline through
             raise ValueError("sha256 must be 64 lowercase hex digits")
         return value
 

@@ -11,6 +11,7 @@ import binascii
 import hashlib
 import json
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from importlib.abc import Traversable
@@ -143,13 +144,15 @@ def sign_catalog(catalog: Catalog | str | bytes, private_key: Ed25519PrivateKey,
 def verify_catalog(data: bytes | str, trusted_keys: Mapping[str, Ed25519PublicKey],
                    now: datetime | None = None, *, allow_expired: bool = False) -> Catalog:
     """Check a signed envelope against ``trusted_keys`` and return its catalog; raise CatalogError."""
-    raw = data.encode("utf-8") if isinstance(data, str) else data
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data  # lone surrogates: malformed
     if len(raw) > MAX_CATALOG_BYTES:
         raise catalog_error("too_large", f"The catalog is {len(raw)} bytes; the limit is {MAX_CATALOG_BYTES}.")
     try:
         envelope = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise catalog_error("malformed", "The catalog is not valid JSON.") from None
+    except RecursionError:  # json's C parser gives up on very deep nesting ("[[[[..." a million times)
+        raise catalog_error("malformed", "The catalog is not valid JSON (nested too deeply).") from None
     if not isinstance(envelope, dict):
         raise catalog_error("malformed", "The catalog is not a JSON object.")
     if "format" not in envelope:
@@ -157,8 +160,8 @@ def verify_catalog(data: bytes | str, trusted_keys: Mapping[str, Ed25519PublicKe
             raise catalog_error("unsigned", "The catalog is a bare catalog without a signature envelope.")
         raise catalog_error("malformed", "The catalog is not a signed catalog envelope.")
     if envelope.get("format") != ENVELOPE_FORMAT:
-        raise catalog_error("malformed", f"Unsupported catalog format {envelope.get('format')!r}; "
-                                  f"this app reads {ENVELOPE_FORMAT!r}.")
+        raise catalog_error("malformed", f"Unsupported catalog format {reprlib.repr(envelope.get('format'))}; "
+                                  f"this app reads {ENVELOPE_FORMAT!r}.")  # reprlib: bounded, even for a huge value
     if not envelope.get("signature") or not envelope.get("key_id"):
         raise catalog_error("unsigned", "The catalog carries no signature.")
     extra = set(envelope) - {"format", "key_id", "signature", "payload"}
@@ -179,6 +182,8 @@ def verify_catalog(data: bytes | str, trusted_keys: Mapping[str, Ed25519PublicKe
 
     try:
         key.verify(signature, payload.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in the JSON) has no UTF-8 bytes: never signed
+        raise catalog_error("malformed", "The catalog payload is not valid Unicode text.") from None
     except InvalidSignature:
         raise catalog_error("tampered", "The catalog signature does not match its contents: "
                                  "it was altered after signing.") from None

@@ -66,8 +66,13 @@ def _raw_key(key_b64: str) -> bytes:
 
 
 def _check_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # raises ValueError for a port that is not a number in range
+    except ValueError:  # urlsplit on a malformed host ("http://[x]/"), .port out of range
+        ok = False
+    if not ok:
         raise catalog_error("bad_url", f"The catalog URL {url!r} must be an http or https URL.")
     return url
 
@@ -120,7 +125,10 @@ class Source(BaseModel):
 
 def parse_link(link: str) -> tuple[str, str]:
     """``dedloc://add?url=...&key=...`` -> (catalog URL, base64 key); raise CatalogError if bad."""
-    parts = urlsplit(link.strip())
+    try:
+        parts = urlsplit(link.strip())
+    except ValueError:  # a malformed host ("dedloc://[add?...")
+        raise catalog_error("bad_url", "Not an experiments link: it should start with dedloc://add?") from None
     if parts.scheme != SCHEME or (parts.netloc or parts.path.strip("/")) != "add":
         raise catalog_error("bad_url", "Not an experiments link: it should start with dedloc://add?")
     query = parse_qs(parts.query)

@@ -30,6 +30,7 @@ Source = Path | bytes | Callable[[], bytes]
 _CHUNK = 1 << 16
 _POLL_S = 0.05  # how long stop() may wait for the serving loop to notice
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_MAX_RECORDED = 10_000  # ``requests`` keeps the latest this many: a long-running backbone must not grow forever
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,12 @@ def _content_type(name: str) -> str:
     return "application/octet-stream"
 
 
+def _number(digits: str) -> int:
+    """A Range header's number; past 18 digits just "very large" (``int()`` refuses 4300+ digits)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else 10**18
+
+
 def _parse_range(header: str, size: int) -> tuple[int, int] | None | bool:
     """``(start, end)`` inclusive, ``None`` to ignore the header, ``False`` if unsatisfiable."""
     spec = header.replace(" ", "")
@@ -63,13 +70,13 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None | bool:
         return False
     first, last = match.group(1), match.group(2)
     if first == "":
-        suffix = int(last)
+        suffix = _number(last)
         if suffix == 0 or size == 0:
             return False
         return max(0, size - suffix), size - 1
-    start = int(first)
-    end = size - 1 if last == "" else min(int(last), size - 1)
-    if start >= size or (last != "" and int(last) < start):
+    start = _number(first)
+    end = size - 1 if last == "" else min(_number(last), size - 1)
+    if start >= size or (last != "" and _number(last) < start):
         return False
     return start, end
 
@@ -96,6 +103,18 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
     server_version = "dedloc-fileserver"
     sys_version = ""
+
+    # Never answer in HTTP/0.9 (a bare body: no status line, no headers; for HEAD, nothing at all),
+    # neither to a request line too malformed to give a version nor to one that asks for 0.9.
+    _request_version = "HTTP/1.0"
+
+    @property
+    def request_version(self) -> str:
+        return self._request_version
+
+    @request_version.setter
+    def request_version(self, version: str) -> None:
+        self._request_version = "HTTP/1.0" if version == "HTTP/0.9" else version
 
     def log_message(self, format: str, *args: object) -> None:
         logger.debug("%s %s", self.address_string(), format % args)
@@ -282,6 +301,8 @@ class FileServer:
     def _record(self, method: str, path: str, range_header: str | None) -> None:
         with self._lock:
             self.requests.append((method, path, range_header))
+            if len(self.requests) > _MAX_RECORDED:
+                del self.requests[: len(self.requests) - _MAX_RECORDED // 2]
 
     # -- lookup ----------------------------------------------------------------------------------
 
