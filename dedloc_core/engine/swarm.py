@@ -71,12 +71,44 @@ def prepare_process() -> None:
     global _process_prepared
     mp.set_start_method("fork", force=True)
     use_hivemind_log_handler("nowhere")  # hivemind's records propagate to our root logger
+    quiet_repeats()
     hivemind_patches.install()
     if _process_prepared:
         return
     _process_prepared = True
     _load_libc()
     os.register_at_fork(after_in_child=trim_heap)
+
+
+class SayOnce(logging.Filter):
+    """Lets the first record that starts with one of ``prefixes`` through, then drops its repeats."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes, self.said = prefixes, set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        prefix = next((p for p in self.prefixes if text.startswith(p)), None)
+        if prefix is None:
+            return True
+        if prefix in self.said:
+            return False
+        self.said.add(prefix)
+        record.msg, record.args = f"{text} (said once; repeats are not logged)", None
+        return True
+
+
+# A lone peer's matchmaking says this every few seconds for as long as nobody else is there.
+_REPEATS = {"hivemind.averaging.matchmaking": ("Another look_for_group is already in progress",)}
+
+
+def quiet_repeats() -> None:
+    """Install ``SayOnce`` on hivemind's chattiest loggers (idempotent)."""
+    for name, prefixes in _REPEATS.items():
+        log = logging.getLogger(name)
+        if not any(isinstance(f, SayOnce) for f in log.filters):
+            log.addFilter(SayOnce(*prefixes))
 
 
 def _load_libc() -> None:
