@@ -1,7 +1,12 @@
 """Bandwidth caps on the wire: three real workers train together, each in its own network
 namespace. Once the swarm runs, one peer gets upload and download caps (``set_limits``); its own
-veth then shows at most cap x 1.15 bytes per second sent and received over 30 s. After the caps
-are lifted (``set_limits`` with 0) the same peer goes above them, so the test can fail.
+veth then shows at most cap x 1.15 bytes per second sent and received over 60 s. After the caps
+are lifted (``set_limits`` with 0) the same peer goes above them (over 20 s), so the test can fail.
+
+Why 60 s: the download cap paces what this peer reads, but a sender may push one stream's flow-control
+window (yamux, 256 KiB and more) and the TCP buffers ahead of the reader, and bytes of a round that ends
+early are never read at all. Over 30 s one such burst reached 1.154 x the cap (288.5 kB/s) once in CI;
+the long-run rate is the cap (249.9 kB/s sent, 250.6 received here).
 
 The caps come after joining because a capped newcomer first downloads the whole state (about
 10 MB here: 40 s at the cap), longer than the test should take."""
@@ -23,7 +28,8 @@ from dedloc_core.protocol import Limits, SetLimits, Start
 from dedloc_core.workerproc import WorkerProcess
 
 CAP = 250_000  # bytes per second, each way
-WINDOW = 30.0
+WINDOW = 60.0  # the capped window
+FREE_WINDOW = 20.0
 TOLERANCE = 1.15
 MANIFEST = json.loads(resources.files("resources").joinpath("corpus", "manifest.json").read_text())
 
@@ -95,7 +101,7 @@ def test_capped_peer_stays_under_its_caps_on_the_wire(tmp_path):
             capped_tx, capped_rx = rate(lab, 2, WINDOW)
             workers[2].send(SetLimits(limits=Limits(upload_bps=0, download_bps=0)))
             time.sleep(5)
-            free_tx, free_rx = rate(lab, 2, WINDOW)
+            free_tx, free_rx = rate(lab, 2, FREE_WINDOW)
         finally:
             for worker in workers:
                 worker.stop(timeout=20)
