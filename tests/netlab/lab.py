@@ -14,6 +14,11 @@ from pathlib import Path
 
 HUB_NET = "192.0.0.128/25"  # the "public" segment (see the package docstring)
 _FIRST_HOST = 129
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller (LAB.md: v2 is an empty hierarchy here)
+CPU_PERIOD_US = 100_000
+# A lab node's cpu.shares: its weight against the machine's other tasks (1024 each at nice 0), high
+# enough that a node gets its quota on a busy machine; the quota still caps it.
+CPU_SHARES = 8192
 
 
 class LabUnavailable(RuntimeError):
@@ -52,6 +57,8 @@ class Host:
     link_ns: str  # namespace holding the far end of the link that cut() takes down
     link_dev: str
     router: str | None = None  # a home host's router namespace
+    cpu: float | None = None  # cores its processes may use (a cgroup quota), None: no limit
+    cgroup: Path | None = None
     processes: list[subprocess.Popen] = field(default_factory=list)
 
 
@@ -77,6 +84,7 @@ class Lab:
         self._homes = 0
         self._queues = 0
         self._netem: bool | None = None
+        self._cgroups: list[Path] = []
         self._closed = True
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -103,6 +111,8 @@ class Lab:
                 _kill_group(proc)
         for ns in reversed(self._namespaces):
             _kill_namespace(ns)
+        for group in self._cgroups:
+            _remove_cgroup(group)
         atexit.unregister(self.close)
 
     def _add_ns(self, ns: str) -> None:
@@ -131,15 +141,41 @@ class Lab:
         self.ns_run(ns, "ip", "link", "set", dev, "up")
         return hub_dev
 
-    def public(self, name: str, shape: Shape | None = None) -> Host:
-        """A host on the public segment: anyone in the lab can connect to it."""
+    def public(self, name: str, shape: Shape | None = None, cpu: float | None = None) -> Host:
+        """A host on the public segment: anyone in the lab can connect to it. ``cpu``: the cores its
+        processes may use together (a cgroup quota; see ``cpu_group``)."""
         ns = f"{self.prefix}-{name}"
         self._add_ns(ns)
         ip = self._hub_ip()
         hub_dev = self._uplink(ns, "eth0", ip)
         host = self.hosts[name] = Host(name, ns, ip, True, self.hub, hub_dev)
         self._shape(host, shape, far_ns=self.hub, far_dev=hub_dev)
+        if cpu is not None:
+            self.cpu_group(host, cpu)
         return host
+
+    def cpu_group(self, host: Host, cores: float) -> Path:
+        """Hold the host's processes started from now on to ``cores`` of CPU time (cgroup v1
+        ``cpu.cfs_quota_us``); the group is removed at close. Processes started earlier (the delay
+        program: it stands for the link, not the node) stay outside."""
+        reason = cpu_quota_unavailable_reason()
+        if reason:
+            raise LabUnavailable(reason)
+        group = CPU_ROOT / f"{self.prefix}-{host.name}"
+        group.mkdir(exist_ok=True)
+        self._cgroups.append(group)
+        (group / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(max(1000, round(cores * CPU_PERIOD_US))))
+        (group / "cpu.shares").write_text(str(CPU_SHARES))
+        host.cpu, host.cgroup = cores, group
+        return group
+
+    def cpu_stat(self, host: Host) -> dict[str, int]:
+        """The host's cgroup ``cpu.stat`` (nr_periods, nr_throttled, throttled_time in ns)."""
+        if host.cgroup is None:
+            return {}
+        lines = (host.cgroup / "cpu.stat").read_text().split("\n")
+        return {k: int(v) for k, v in (line.split() for line in lines if line.strip())}
 
     def home(self, name: str, shape: Shape | None = None) -> Host:
         """A host behind its own masquerading router: it can connect out, nobody can connect in."""
@@ -212,8 +248,12 @@ class Lab:
     # ---- using ------------------------------------------------------------------------------------
 
     def launcher(self, host: Host) -> list[str]:
-        """The command prefix that runs a program inside ``host``'s namespace."""
-        return ["ip", "netns", "exec", host.ns]
+        """The command prefix that runs a program inside ``host``'s namespace (and its CPU group:
+        the shell joins it, then execs, so the program and all it forks stay in it)."""
+        netns = ["ip", "netns", "exec", host.ns]
+        if host.cgroup is None:
+            return netns
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(host.cgroup), *netns]
 
     def popen(self, host: Host, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start a process inside ``host``'s namespace, in its own process group; killed at close."""
@@ -246,6 +286,32 @@ def _tbf(lab: Lab, ns: str, dev: str, mbit: float) -> None:
     lab.ns_run(ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
     lab.ns_run(ns, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate",
                f"{mbit}mbit", "ceil", f"{mbit}mbit", "burst", "32kb")
+
+
+def cpu_quota_unavailable_reason() -> str | None:
+    """Why lab nodes cannot get a CPU quota here, or None if they can."""
+    if not (CPU_ROOT / "cpu.cfs_quota_us").exists():
+        return f"no cgroup v1 cpu controller at {CPU_ROOT} (CPU quotas for lab nodes)"
+    if not os.access(CPU_ROOT, os.W_OK):
+        return f"{CPU_ROOT} is not writable (root needed for CPU quotas)"
+    return None
+
+
+def _remove_cgroup(group: Path) -> None:
+    """Remove a CPU group once its processes are gone (they were killed with their namespace)."""
+    for _ in range(20):
+        try:
+            for pid in (group / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -288,3 +354,10 @@ def reap_stale_labs() -> None:
             continue
         if pid != os.getpid() and not Path(f"/proc/{pid}").exists():
             _kill_namespace(name)
+    for group in CPU_ROOT.glob("nl*-*") if CPU_ROOT.is_dir() else []:
+        try:
+            pid = int(group.name.split("-", 1)[0][2:], 16)
+        except ValueError:
+            continue
+        if pid != os.getpid() and not Path(f"/proc/{pid}").exists():
+            _remove_cgroup(group)

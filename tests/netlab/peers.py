@@ -18,7 +18,7 @@ from dedloc_core.workerproc import WorkerProcess
 
 from .lab import Host, Lab
 
-__all__ = ["Backbone", "Peer", "wait_until"]
+__all__ = ["Backbone", "Peer", "solo_rates", "wait_until"]
 
 BACKBONE_PORT, HTTP_PORT = 31337, 8080
 
@@ -96,3 +96,26 @@ class Peer(SwarmPeer):
 
     def stop(self) -> None:
         self.worker.stop(timeout=15)
+
+
+def solo_rates(lab: Lab, hosts: list[Host], experiment: dict, seconds: float = 8.0, *,
+               together: bool = False) -> list[float]:
+    """Each host's samples/s on the bare training loop of ``experiment``'s recipe (``solo.py``), in
+    its namespace and CPU group: one host at a time, or all ``together`` (the same figures when the
+    quotas hold)."""
+    argv = [sys.executable, str(Path(__file__).with_name("solo.py")), experiment["recipe"],
+            json.dumps(experiment["recipe_params"]), str(experiment["batch_size_per_step"]), str(seconds)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+    def start(host: Host) -> subprocess.Popen:
+        return lab.popen(host, argv, stdout=subprocess.PIPE, text=True, env=env)
+
+    def rate(proc: subprocess.Popen) -> float:
+        out, _ = proc.communicate(timeout=seconds + 120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the solo probe failed (exit {proc.returncode}): {out[-500:]}")
+        return float(out.split()[-1])
+
+    if together:
+        return [rate(p) for p in [start(h) for h in hosts]]
+    return [rate(start(h)) for h in hosts]
