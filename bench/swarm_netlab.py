@@ -1,26 +1,33 @@
-"""Swarm compute utilization over shaped links, in the network lab (root, Linux; see tests/netlab).
+"""Swarm compute utilization over shaped links, in a fair network lab (root, Linux; see tests/netlab).
 
 Profile: a backbone and three volunteers on the lab's public segment, volunteer links shaped
 (rate up and down, one-way delay on what each receives): 100 Mbit/s + 20 ms, 50 Mbit/s + 30 ms,
-20 Mbit/s + 50 ms (``PROFILE``; ``--volunteers 4`` adds 10 Mbit/s + 50 ms). Each mode starts a
-fresh swarm (a new run id) training ``tiny-lm`` and measures ``--steps`` global steps after the
-first one. Modes: (a) hivemind defaults (no compression, no declared bandwidth), (b) DeDLOC load
-balancing fed with each volunteer's declared bandwidth, (c) that plus fp16 or 8-bit
-(``Uniform8BitQuantization``) gradient compression.
+20 Mbit/s + 50 ms (``PROFILE``; ``--volunteers 4`` adds 10 Mbit/s + 50 ms). Every node runs in its
+own CPU group with a fixed quota (``--cpu``, default 0.4 of a core each: 1.6 of 2 cores for four
+nodes), so a node's solo rate does not depend on how many others train beside it.
 
-How the figures are measured, over the window between the first and the last global step:
+Steps, in one run:
+1. solo rates: each volunteer's samples/s on the bare training loop (``netlab/solo.py``) in its
+   namespace and CPU group, alone, then all together (the two agree when the quotas hold);
+2. pacing: the target batch and matchmaking time from the measured throughput (``engine.pacing``):
+   a step lasts ``--headroom`` times an estimated round (fp16 gradients and parameters over the
+   slowest link, plus round trips); both columns train that same experiment;
+3. each mode (a fresh swarm, a new run id) trains ``tiny-lm`` for ``--steps`` global steps after
+   its first one. "hivemind defaults": hivemind.Optimizer's own options (no overlap, no compression,
+   no declared bandwidth). "ours": overlap (delayed gradient averaging and optimizer step), fp16
+   gradients, DeDLOC load balancing with each volunteer's declared bandwidth.
+
+Rows, over the window between the first and the last global step:
 - swarm samples/s: the samples all volunteers computed (their ``stats`` events) / wall time;
-- solo samples/s: each volunteer's samples / its compute seconds (its training loop's time minus
-  the time it spent in averaging rounds: what it would do alone), summed over volunteers, in the
-  same run;
+- solo samples/s: the sum of the volunteers' solo rates (step 1, alone);
 - utilization: swarm / solo;
-- round s: mean time a volunteer spent per averaging round (``Stats.averaging_seconds`` /
-  ``Stats.rounds`` deltas; includes matchmaking);
+- step s: wall time per global step; round s: mean time per averaging round (``averaging_seconds``
+  / ``rounds``; includes matchmaking; with overlap it runs beside training);
 - bytes/sample: bytes sent on the volunteers' own interfaces (headers included) / samples;
-- failed msgs: "Averaging step failed" messages in the volunteers' logs over the whole run (a
-  failed round falls back to local gradients).
-On a 2-core machine the volunteers share the CPU, so solo rates are those of a loaded machine.
-A mode that fails (e.g. 8-bit codecs under NumPy 2 without the fix) is printed as ``invalid``.
+- loss @ N samples: the volunteers' mean training loss (EMA) when the swarm had computed N samples
+  in all (N: the smaller of the two modes' totals, so both columns are read at the same N);
+- failed msgs: "Averaging step failed" messages in the volunteers' logs over the whole run.
+A mode that fails is printed as ``invalid``.
 """
 
 from __future__ import annotations
@@ -37,32 +44,61 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 from conftest import tiny_experiment  # noqa: E402
 from netlab import Lab  # noqa: E402
 from netlab.lab import Shape  # noqa: E402
-from netlab.peers import Backbone, Peer, wait_until  # noqa: E402
+from netlab.peers import Backbone, Peer, solo_rates, wait_until  # noqa: E402
+
+from dedloc_core.engine import pacing  # noqa: E402
 
 PROFILE = [(100, 20), (50, 30), (20, 50), (10, 50)]  # (Mbit/s, one-way delay ms) per volunteer
 MODES = {
-    "a: hivemind defaults": dict(grad_compression="none"),
-    "b: load balancing": dict(grad_compression="none", bandwidth=True),
-    "c: lb + fp16": dict(grad_compression="fp16", bandwidth=True),
-    "c: lb + 8-bit": dict(grad_compression="8bit", bandwidth=True),
+    "hivemind defaults": dict(grad_compression="none", overlap=False),
+    "ours": dict(grad_compression="fp16", bandwidth=True, overlap=True),
 }
+RECIPE = {"d_model": 128, "n_layers": 2, "n_heads": 2, "seq_len": 32, "lr": 0.003, "warmup_steps": 0}
 
 
-def run_mode(name: str, opts: dict, args, folder: Path) -> dict:
-    exp = tiny_experiment(id=f"bench-{len(name)}", run_id=f"bench_{abs(hash(name)) % 10**6}",
-                          target_batch_size=args.target_batch, averaging_timeout=30.0,
-                          recipe_params={"d_model": 128, "n_layers": 2, "n_heads": 2, "seq_len": 32,
-                                         "lr": 0.003, "warmup_steps": 0})
+def experiment(name: str, target_batch: int, matchmaking: float, overlap: bool) -> dict:
+    return tiny_experiment(id=f"bench-{len(name)}", run_id=f"bench_{abs(hash(name)) % 10**6}",
+                           target_batch_size=target_batch, matchmaking_time=matchmaking, averaging_timeout=30.0,
+                           overlap=overlap, recipe_params=RECIPE)
+
+
+def param_count() -> int:
+    from dedloc_core.engine.recipes import load_recipe
+
+    return sum(p.numel() for p in load_recipe("tiny-lm", RECIPE).build_model().parameters())
+
+
+def measure_solo(args) -> dict:
+    """Step 1: the volunteers' solo rates, alone and together, in their CPU groups."""
+    exp = experiment("solo", 256, 1.0, False)
     with Lab() as lab:
-        backbone = Backbone(lab, lab.public("bb"), exp, folder)
+        hosts = [lab.public(f"s{i}", cpu=args.cpu) for i in range(args.volunteers)]
+        alone = solo_rates(lab, hosts, exp, args.solo_seconds)
+        together = solo_rates(lab, hosts, exp, args.solo_seconds, together=True)
+    return {"alone": alone, "together": together}
+
+
+def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> dict:
+    exp = experiment(name, pace.target_batch_size, pace.matchmaking_time, opts["overlap"])
+    history: list[tuple[int, float]] = []  # (swarm samples so far, volunteers' mean loss)
+    with Lab() as lab:
+        backbone = Backbone(lab, lab.public("bb", cpu=args.cpu), exp, folder)
         ready = backbone.wait_ready()
         peers = []
         for i, (mbit, delay) in enumerate(PROFILE[: args.volunteers]):
-            host = lab.public(f"v{i}", Shape(up_mbit=mbit, down_mbit=mbit, delay_ms=delay))
+            host = lab.public(f"v{i}", Shape(up_mbit=mbit, down_mbit=mbit, delay_ms=delay), cpu=args.cpu)
             fields = {"grad_compression": opts["grad_compression"]}
             if opts.get("bandwidth"):
                 fields["bandwidth"] = float(mbit)
             peers.append(Peer(lab, host, folder / f"v{i}").start(exp, ready, seed=i + 1, **fields))
+
+        def note() -> None:
+            stats, losses = [p.stats for p in peers], [p.progress[-1].loss for p in peers if p.progress]
+            if all(stats) and losses and all(v is not None for v in losses):
+                samples = sum(s.samples for s in stats)
+                if not history or samples > history[-1][0]:
+                    history.append((samples, sum(losses) / len(losses)))
+
         wait_until(peers, lambda: all(p.progress for p in peers) and min(p.step for p in peers) >= 1, 300,
                    "the swarm did not reach its first global step")
         for p in peers:
@@ -70,23 +106,21 @@ def run_mode(name: str, opts: dict, args, folder: Path) -> dict:
                 raise RuntimeError(f"{p.host.name}: {p.errors[0].message}")
         first = max(p.step for p in peers)
         base = snapshot(lab, peers)
-        wait_until(peers, lambda: min(p.step for p in peers) >= first + args.steps, args.timeout,
+        wait_until(peers, lambda: note() or min(p.step for p in peers) >= first + args.steps, args.timeout,
                    f"{args.steps} global steps did not complete")
         end = snapshot(lab, peers)
+        last = min(p.step for p in peers)
         for p in peers:
             p.stop()
         logs = "".join(p.log_tail(10**8) for p in peers)
-        if "only 0-dimensional arrays" in logs:
-            raise RuntimeError("the codec failed to decode (hivemind's 8-bit codecs under NumPy 2)")
         failed = logs.count("Averaging step failed") + logs.count("AllreduceException")
     samples = end["samples"] - base["samples"]
     wall = end["time"] - base["time"]
-    solo = sum((e[0] - b[0]) / max(e[1] - b[1], 1e-9) for b, e in zip(base["per_peer"], end["per_peer"], strict=True))
     rounds = end["rounds"] - base["rounds"]
-    swarm_sps = samples / wall
-    return {"swarm": swarm_sps, "solo": solo, "util": swarm_sps / solo if solo else 0.0,
+    return {"swarm": samples / wall, "step": wall / max(last - first, 1),
             "round": (end["avg_s"] - base["avg_s"]) / rounds if rounds else float("nan"),
-            "bps": (end["tx"] - base["tx"]) / max(samples, 1), "failed": failed}
+            "bps": (end["tx"] - base["tx"]) / max(samples, 1), "failed": failed, "history": history,
+            "steps": last - first}
 
 
 def snapshot(lab: Lab, peers: list[Peer]) -> dict:
@@ -96,19 +130,44 @@ def snapshot(lab: Lab, peers: list[Peer]) -> dict:
     if any(s is None for s in stats):
         raise RuntimeError("a volunteer sent no stats")
     return {"time": time.monotonic(), "samples": sum(s.samples for s in stats),
-            "per_peer": [(s.samples, s.compute_seconds - s.averaging_seconds) for s in stats],
             "rounds": sum(s.rounds for s in stats), "avg_s": sum(s.averaging_seconds for s in stats),
             "tx": sum(lab.counters(p.host)[0] for p in peers)}
+
+
+def loss_at(history: list[tuple[int, float]], samples: int) -> float:
+    """The loss when the swarm had computed ``samples`` (linear between the notes around it)."""
+    for (s0, l0), (s1, l1) in zip(history, history[1:], strict=False):
+        if s0 <= samples <= s1:
+            return l0 + (l1 - l0) * (samples - s0) / max(s1 - s0, 1)
+    return float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--volunteers", type=int, default=3, choices=(3, 4))
-    parser.add_argument("--steps", type=int, default=3, help="global steps measured per mode")
-    parser.add_argument("--target-batch", type=int, default=256)
-    parser.add_argument("--timeout", type=float, default=240.0, help="seconds allowed per mode")
-    parser.add_argument("--modes", default="", help="comma-separated mode letters/names (default: all)")
+    parser.add_argument("--steps", type=int, default=8, help="global steps measured per mode")
+    parser.add_argument("--cpu", type=float, default=0.4, help="each node's CPU quota, in cores")
+    parser.add_argument("--headroom", type=float, default=2.0, help="step length / estimated round length")
+    parser.add_argument("--target-batch", type=int, default=0, help="override the paced target batch")
+    parser.add_argument("--solo-seconds", type=float, default=6.0)
+    parser.add_argument("--timeout", type=float, default=400.0, help="seconds allowed per mode")
+    parser.add_argument("--modes", default="", help="comma-separated mode names (default: both)")
     args = parser.parse_args(argv)
+
+    solo = measure_solo(args)
+    solo_sum = sum(solo["alone"])
+    profile = PROFILE[: args.volunteers]
+    round_est = pacing.round_seconds(param_count(), min(m for m, _ in profile), 2 * max(d for _, d in profile) / 1000)
+    pace = pacing.pace(solo_sum, round_est, headroom=args.headroom, multiple=64)
+    if args.target_batch:
+        pace = pacing.Pace(args.target_batch, pace.matchmaking_time, args.target_batch / solo_sum)
+    print("node   cpu quota  solo sps alone  solo sps together")
+    for i, (a, t) in enumerate(zip(solo["alone"], solo["together"], strict=True)):
+        print(f"v{i}     {args.cpu:9.2f}  {a:14.1f}  {t:17.1f}")
+    print(f"pacing: swarm solo {solo_sum:.0f} samples/s, estimated round {round_est:.2f} s -> target batch "
+          f"{pace.target_batch_size} ({pace.step_seconds:.1f} s a step), matchmaking {pace.matchmaking_time} s",
+          flush=True)
+
     results: dict[str, dict | str] = {}
     for name, opts in MODES.items():
         if args.modes and not any(m.strip() and m.strip() in name for m in args.modes.split(",")):
@@ -116,20 +175,25 @@ def main(argv: list[str] | None = None) -> int:
         began = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="netbench-") as folder:
             try:
-                results[name] = run_mode(name, opts, args, Path(folder))
-            except Exception as exc:  # noqa: BLE001 - one failed mode is a row, not the end
+                results[name] = run_mode(name, opts, args, pace, Path(folder))
+            except Exception as exc:  # noqa: BLE001 - one failed mode is a column, not the end
                 results[name] = f"invalid ({str(exc).splitlines()[0][:70]})"
         print(f"# {name}: {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
-    print(f"{'mode':22} {'swarm sps':>10} {'solo sps':>10} {'util':>6} {'round s':>8} {'bytes/sample':>13}"
-          f" {'failed msgs':>11}")
-    best = 0.0
-    for name, r in results.items():
-        if isinstance(r, str):
-            print(f"{name:22} {r}")
-            continue
-        best = max(best, r["util"])
-        print(f"{name:22} {r['swarm']:10.1f} {r['solo']:10.1f} {r['util']:6.2f} {r['round']:8.2f} {r['bps']:13.0f}"
-              f" {r['failed']:11d}")
+
+    valid = {n: r for n, r in results.items() if isinstance(r, dict)}
+    common = min((r["history"][-1][0] for r in valid.values() if r["history"]), default=0)
+    rows = [("swarm samples/s", lambda r: f"{r['swarm']:.1f}"), ("solo samples/s", lambda r: f"{solo_sum:.1f}"),
+            ("utilization", lambda r: f"{r['swarm'] / solo_sum:.2f}"), ("step s", lambda r: f"{r['step']:.2f}"),
+            ("round s", lambda r: f"{r['round']:.2f}"), ("bytes/sample", lambda r: f"{r['bps']:.0f}"),
+            (f"loss @ {common} samples", lambda r: f"{loss_at(r['history'], common):.4f}"),
+            ("failed msgs", lambda r: str(r["failed"]))]
+    print(f"{'':24}" + "".join(f"{n:>20}" for n in results))
+    for label, cell in rows:
+        print(f"{label:24}" + "".join(f"{cell(r) if isinstance(r, dict) else r[:19]:>20}" for r in results.values()))
+    best = max((r["swarm"] / solo_sum for r in valid.values()), default=0.0)
+    if len(valid) == 2:
+        a, b = (loss_at(r["history"], common) for r in valid.values())
+        print(f"loss ours / defaults at {common} samples: {b / a:.3f}")
     print(f"best utilization: {best:.2f}")
     return 0
 

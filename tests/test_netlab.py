@@ -168,3 +168,31 @@ def test_volunteer_refuses_to_relay_backbone_relays(netlab):
     dial = subprocess.run(netlab.launcher(dialer) + [sys.executable, script, "dial", circuit], timeout=120, **{
         k: v for k, v in opts.items() if k != "stdout"}, capture_output=True)
     assert dial.stdout.strip().endswith("connected"), f"nobody reached the NATed peer: {dial.stderr[-500:]}"
+
+
+
+# Busy for 2 s of wall time; the child of a busy parent; prints the CPU seconds of both.
+BUSY = ("import os,subprocess,sys,time\n"
+        "child = [sys.executable, '-c', 'import time\\nt=time.monotonic()\\nwhile time.monotonic()-t<2: pass']\n"
+        "p = subprocess.Popen(child) if len(sys.argv) < 2 else None\n"
+        "t = time.monotonic()\n"
+        "while time.monotonic() - t < 2: pass\n"
+        "p.wait()\n"
+        "print(sum(os.times()[:4]))")
+
+
+def test_a_lab_nodes_cpu_quota_holds_for_all_it_starts(netlab):
+    import subprocess
+    import sys
+
+    from netlab.lab import cpu_quota_unavailable_reason
+
+    if cpu_quota_unavailable_reason():
+        pytest.skip(cpu_quota_unavailable_reason())
+    host = netlab.public("capped", cpu=0.2)
+    out = netlab.popen(host, [sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True).communicate(timeout=60)[0]
+    stat = netlab.cpu_stat(host)
+    # two busy processes for 2 s (the second forked by the first: in the group too) got 0.2 of a core
+    # between them, not the 2 x 2 s they would use unchecked
+    assert float(out.split()[-1]) <= 2.5 * 0.2 * 1.3, out
+    assert stat["nr_throttled"] >= 5, stat  # the group was held back, again and again

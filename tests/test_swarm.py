@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from conftest import start_command
 from swarmpeer import SwarmPeer, wait_until
 
+from dedloc_core.protocol import Pause, Resume
+
 pytestmark = pytest.mark.slow
 
 
-def join(spawn_worker, server, name, initial_peers=None, seed=0) -> SwarmPeer:
+def join(spawn_worker, server, name, initial_peers=None, seed=0, **exp) -> SwarmPeer:
     worker = spawn_worker(name)
-    worker.send(start_command(server, worker.home, initial_peers=initial_peers, seed=seed))
+    worker.send(start_command(server, worker.home, initial_peers=initial_peers, seed=seed, **exp))
     peer = SwarmPeer(worker)
     wait_until([peer], lambda: any(s.state == "training" for s in peer.states), 90, "peer never started training")
     return peer
@@ -84,3 +87,35 @@ def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, 
     # The newcomer did not start from epoch 0: it loaded the swarm's state.
     assert min(newcomer.digests()) >= joined_at - 1
     assert same(newcomer.digests()[epochs[0]], first.digests()[epochs[0]]), "newcomer's parameters differ"
+
+
+def test_a_pause_that_lands_in_an_averaging_round_is_reported_at_once(spawn_worker, corpus_server):
+    # Without overlap every global step's opt.step() waits for its round, which lasts at least the
+    # matchmaking time (3 s); with a 32-sample target batch the loop spends most of its time there.
+    exp = dict(overlap=False, target_batch_size=32, matchmaking_time=3.0)
+    first = join(spawn_worker, corpus_server, "p0", seed=1, **exp)
+    second = join(spawn_worker, corpus_server, "p1", initial_peers=first.maddrs, seed=2, **exp)
+    peers = [first, second]
+    wait_until(peers, lambda: min(p.step for p in peers) >= 2 and first.rounds >= 1, 120, "no averaging round")
+    epoch = first.step
+    wait_until(peers, lambda: first.step > epoch, 60, "no new global step")  # the loop just left a round
+    time.sleep(1.0)  # 4 micro-batches later it waits in the next round
+    epoch, seen = first.step, len(first.states)
+    sent = time.monotonic()
+    first.worker.send(Pause(reason="user"))
+    wait_until(peers, lambda: any(s.state == "paused" for s in first.states[seen:]), 10, "no paused state")
+    latency = time.monotonic() - sent
+    assert latency < 1.0, f"pause took {latency:.3f} s"
+    assert first.step == epoch, "the pause did not land in a round"
+    # The round it landed in was still running: it ends after "paused", with the next global step.
+    wait_until(peers, lambda: first.step > epoch, 30, "the round under the pause never ended")
+    # Then it holds: 2 s paused, and the first reports after resuming count a micro-batch or a few
+    # (had it trained on while paused, 2 s would have added hundreds).
+    time.sleep(2.0)
+    first.drain()
+    held = first.stats.samples
+    assert [s.state for s in first.states[seen:]] == ["paused"], first.states[seen:]
+    first.worker.send(Resume())
+    wait_until(peers, lambda: first.states[-1].state == "training", 10, "no training state after resume")
+    wait_until(peers, lambda: first.stats.samples > held, 30, "no samples after resume")
+    assert first.stats.samples <= held + 5 * 8, (held, first.stats.samples)

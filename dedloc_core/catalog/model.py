@@ -242,6 +242,9 @@ class Experiment(_Model):
     status: Literal["active", "paused", "finished", "upcoming"]
     expires_at: AwareDatetime | None = None
     mode: Literal["sync", "diloco"] = "sync"
+    # sync mode: average a step's gradients in the background while the next step accumulates, and
+    # apply them one step late (DeDLOC's delayed updates); false: every step waits for its round
+    overlap: bool = True
     diloco: DilocoParams = Field(default_factory=DilocoParams)
     # How each peer combines the parts it reduces (engine/robust.py): a NaN/inf part is dropped either way
     aggregation: Literal["mean", "centered_clip"] = "mean"

@@ -55,6 +55,10 @@ class SwarmConfig:
     # serve as a libp2p circuit relay for other peers: the backbone only (hivemind_patches patch 5)
     relay_service: bool = False
     grad_compression: str = "fp16"  # "none", "fp16" or "8bit" (hivemind's Uniform8BitQuantization)
+    # DeDLOC's delayed updates: a global step's gradient all-reduce and optimizer step run in the
+    # background while the next accumulation computes; the result is applied one step late
+    overlap: bool = False
+    average_state_every: int = 1  # epochs between parameter averaging rounds (hivemind: 1)
 
 
 _process_prepared = False
@@ -166,6 +170,7 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
         state_averaging_compression=Float16Compression(),
         grad_averager_factory=partial(GradientAverager, request_timeout=1.0, **grad_opts),
         averager_opts=averager_opts,
+        **overlap_options(cfg),
         tracker_opts=dict(
             min_refresh_period=cfg.min_refresh_period,
             max_refresh_period=cfg.max_refresh_period,
@@ -176,6 +181,14 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
     )
     trim_heap()
     return optimizer
+
+
+def overlap_options(cfg: SwarmConfig) -> dict:
+    """hivemind.Optimizer's options for DeDLOC's delayed updates (``cfg.overlap``), or its defaults."""
+    if not cfg.overlap:
+        return dict(average_state_every=cfg.average_state_every)
+    return dict(offload_optimizer=True, delay_optimizer_step=True, delay_grad_averaging=True,
+                delay_state_averaging=True, average_state_every=cfg.average_state_every)
 
 
 def _compression(name: str):

@@ -11,6 +11,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -91,6 +92,7 @@ class Session:
             bandwidth=self.start.bandwidth or limits.bandwidth_hint(self.limits),
             grad_compression=self.start.grad_compression or "fp16",
             reachability=self.start.reachability,
+            overlap=exp.overlap,
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
         self.dht, self.reachability = swarm.join_swarm(cfg)
@@ -175,16 +177,28 @@ class Session:
 
     def train(self) -> None:
         """Train until stop; pause between micro-batches when told to."""
-        control, opt = self.control, self.optimizer
+        control = self.control
         if self.start.start_paused:
             control.paused.set()
         self._state("training", f"Training {self.experiment.recipe}")
         next_report = time.monotonic() + self.start.progress_period
+        watch = StepWatch(control, lambda: self._state("paused", control.pause_reason or "Paused"))
+        try:
+            self._loop(watch, next_report)
+        finally:
+            watch.close()
+        self._report()
+
+    def _loop(self, watch: StepWatch, next_report: float) -> None:
+        control, opt = self.control, self.optimizer
         while not control.stop.is_set() and not self.channel.broken.is_set():
+            reported = watch.take()  # the watch said "paused" while opt.step() was blocked
             if self._should_hold():
-                self._pause()
+                self._pause(reported=reported)
                 next_report = time.monotonic()
                 continue
+            if reported:  # paused and resumed within one blocked step
+                self._state("training", f"Training {self.experiment.recipe}")
             if self._watchdog.rejoined.is_set():
                 self._reload_state()
             if self._watchdog.relay_gone():
@@ -195,7 +209,8 @@ class Session:
             batch = next(self.batches)
             loss = self.recipe.loss(self.model, batch)
             loss.backward()
-            opt.step()
+            with watch:
+                opt.step()
             opt.zero_grad()
             self.compute_seconds += time.perf_counter() - began
             self.samples += self.batch_size
@@ -208,7 +223,6 @@ class Session:
             if time.monotonic() >= next_report or opt.local_epoch != self._digest[0]:
                 self._report()  # periodically, and at every new global step
                 next_report = time.monotonic() + self.start.progress_period
-        self._report()
 
     def _reload_state(self) -> None:
         """Back after the link was down: our parameters took local steps meanwhile; take the swarm's."""
@@ -219,12 +233,13 @@ class Session:
         self.optimizer.load_state_from_peers()
         logger.warning("Rejoined the swarm: loaded its state (local step %d -> %d)", before, self.optimizer.local_epoch)
 
-    def _pause(self) -> None:
+    def _pause(self, reported: bool = False) -> None:
         if self.control.paused.is_set():
             reason = self.control.pause_reason or "Paused"
         else:
             reason = "GPU use is off for now"
-        self._state("paused", reason)
+        if not (reported and self.control.paused.is_set()):
+            self._state("paused", reason)
         began = time.monotonic()
         if self.on_gpu:
             self.torch.cuda.empty_cache()  # give cached GPU memory back while paused
@@ -309,6 +324,59 @@ class Session:
                 display_name=self.start.display_name,
             ),
         )
+
+
+class StepWatch:
+    """Says "paused" at once when the app pauses while the training loop is blocked in
+    ``opt.step()`` (an averaging round, or a wait for the last delayed one: seconds on a slow
+    link). The round finishes (the swarm counts on it); the loop holds right after it. Use as
+    ``with watch: opt.step()``; ``take()`` tells the loop whether the watch spoke."""
+
+    def __init__(self, control: Control, report: Callable[[], None], grace: float = 0.05):
+        self.control, self.report, self.grace = control, report, grace
+        self._inside = threading.Event()
+        self._lock = threading.Lock()
+        self._steps = 0
+        self._reported = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="step-watch", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> StepWatch:
+        self._steps += 1
+        self._inside.set()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._inside.clear()
+
+    def take(self) -> bool:
+        with self._lock:
+            reported, self._reported = self._reported, False
+        return reported
+
+    def _run(self) -> None:
+        while True:
+            self._inside.wait()
+            if self._closed:
+                return
+            step = self._steps
+            # a step that ends within the grace costs one wake-up; a longer one is watched
+            while not self.control.stop.wait(self.grace) and self._inside.is_set() and self._steps == step:
+                if self.control.paused.is_set():
+                    with self._lock:
+                        if self._inside.is_set() and not self._reported:
+                            self._reported = True
+                            self.report()
+                    break
+            while self._inside.is_set() and self._steps == step and not self._closed:
+                self.control.stop.wait(self.grace)  # reported or stopping: wait for this step to end
+
+    def close(self) -> None:
+        self._closed = True
+        self._inside.set()
+        self._thread.join(5)
 
 
 class Watchdog:
