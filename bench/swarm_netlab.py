@@ -33,10 +33,13 @@ A mode that fails is printed as ``invalid``.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
@@ -49,17 +52,18 @@ from netlab.peers import Backbone, Peer, solo_rates, wait_until  # noqa: E402
 from dedloc_core.engine import pacing  # noqa: E402
 
 PROFILE = [(100, 20), (50, 30), (20, 50), (10, 50)]  # (Mbit/s, one-way delay ms) per volunteer
+STATE_EVERY = 4  # "ours": parameters averaged every 4th step (gradients every step)
 MODES = {
     "hivemind defaults": dict(grad_compression="none", overlap=False),
-    "ours": dict(grad_compression="fp16", bandwidth=True, overlap=True),
+    "ours": dict(grad_compression="fp16", bandwidth=True, overlap=True, average_state_every=STATE_EVERY),
 }
 RECIPE = {"d_model": 128, "n_layers": 2, "n_heads": 2, "seq_len": 32, "lr": 0.003, "warmup_steps": 0}
 
 
-def experiment(name: str, target_batch: int, matchmaking: float, overlap: bool) -> dict:
+def experiment(name: str, target_batch: int, matchmaking: float, overlap: bool, state_every: int = 1) -> dict:
     return tiny_experiment(id=f"bench-{len(name)}", run_id=f"bench_{abs(hash(name)) % 10**6}",
                            target_batch_size=target_batch, matchmaking_time=matchmaking, averaging_timeout=30.0,
-                           overlap=overlap, recipe_params=RECIPE)
+                           overlap=overlap, average_state_every=state_every, recipe_params=RECIPE)
 
 
 def param_count() -> int:
@@ -79,10 +83,12 @@ def measure_solo(args) -> dict:
 
 
 def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> dict:
-    exp = experiment(name, pace.target_batch_size, pace.matchmaking_time, opts["overlap"])
+    exp = experiment(name, pace.target_batch_size, pace.matchmaking_time, opts["overlap"],
+                     args.state_every or opts.get("average_state_every", 1))
     history: list[tuple[int, float]] = []  # (swarm samples so far, volunteers' mean loss)
     with Lab() as lab:
-        backbone = Backbone(lab, lab.public("bb", cpu=args.cpu), exp, folder)
+        bb_host = lab.public("bb", cpu=args.cpu)
+        backbone = Backbone(lab, bb_host, exp, folder, "--follow-every", str(args.follow_every))
         ready = backbone.wait_ready()
         peers = []
         for i, (mbit, delay) in enumerate(PROFILE[: args.volunteers]):
@@ -105,25 +111,32 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
             if any(not e.fatal for e in p.errors):
                 raise RuntimeError(f"{p.host.name}: {p.errors[0].message}")
         first = max(p.step for p in peers)
-        base = snapshot(lab, peers)
+        base = snapshot(lab, peers, bb_host)
         wait_until(peers, lambda: note() or min(p.step for p in peers) >= first + args.steps, args.timeout,
                    f"{args.steps} global steps did not complete")
-        end = snapshot(lab, peers)
+        end = snapshot(lab, peers, bb_host)
         last = min(p.step for p in peers)
         for p in peers:
             p.stop()
         logs = "".join(p.log_tail(10**8) for p in peers)
         failed = logs.count("Averaging step failed") + logs.count("AllreduceException")
+    if args.keep:
+        shutil.copytree(folder, Path(args.keep) / name.replace(" ", "-"), dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.pt", "*.bin", "shards", "cache"))
     samples = end["samples"] - base["samples"]
     wall = end["time"] - base["time"]
+    cpu = {k: sum(e[k] - b[k] for b, e in zip(base["cpu"], end["cpu"], strict=True)) / len(peers) / wall
+           for k in ("worker", "helpers", "p2pd")}
     rounds = end["rounds"] - base["rounds"]
     return {"swarm": samples / wall, "step": wall / max(last - first, 1),
             "round": (end["avg_s"] - base["avg_s"]) / rounds if rounds else float("nan"),
-            "bps": (end["tx"] - base["tx"]) / max(samples, 1), "failed": failed, "history": history,
-            "steps": last - first}
+            "bps": (end["tx"] - base["tx"]) / max(samples, 1),
+            "bb_bps": (end["bb_rx"] - base["bb_rx"]) / max(samples, 1), "failed": failed, "history": history,
+            "steps": last - first, "cpu": cpu,
+            "busy": (end["compute"] - base["compute"]) / len(peers) / wall}
 
 
-def snapshot(lab: Lab, peers: list[Peer]) -> dict:
+def snapshot(lab: Lab, peers: list[Peer], backbone) -> dict:
     for p in peers:
         p.drain()
     stats = [p.stats for p in peers]
@@ -131,7 +144,23 @@ def snapshot(lab: Lab, peers: list[Peer]) -> dict:
         raise RuntimeError("a volunteer sent no stats")
     return {"time": time.monotonic(), "samples": sum(s.samples for s in stats),
             "rounds": sum(s.rounds for s in stats), "avg_s": sum(s.averaging_seconds for s in stats),
-            "tx": sum(lab.counters(p.host)[0] for p in peers)}
+            "tx": sum(lab.counters(p.host)[0] for p in peers), "bb_rx": lab.counters(backbone)[1],
+            "cpu": [cpu_by_kind(p) for p in peers], "compute": sum(s.compute_seconds for s in stats)}
+
+
+def cpu_by_kind(peer: Peer) -> dict[str, float]:
+    """CPU seconds so far of the processes in a volunteer's CPU group: the worker's training process,
+    its forked helpers (DHT, averagers) and p2pd."""
+    out = {"worker": 0.0, "helpers": 0.0, "p2pd": 0.0}
+    for pid in (peer.host.cgroup / "cgroup.procs").read_text().split():
+        try:
+            proc = psutil.Process(int(pid))
+            times = proc.cpu_times()
+            kind = "p2pd" if "p2pd" in proc.name() else "worker" if proc.pid == peer.worker.pid else "helpers"
+        except psutil.Error:
+            continue
+        out[kind] += times.user + times.system
+    return out
 
 
 def loss_at(history: list[tuple[int, float]], samples: int) -> float:
@@ -152,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solo-seconds", type=float, default=6.0)
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds allowed per mode")
     parser.add_argument("--modes", default="", help="comma-separated mode names (default: both)")
+    parser.add_argument("--state-every", type=int, default=0, help="override average_state_every of both modes")
+    parser.add_argument("--follow-every", type=float, default=30.0, help="the backbone's --follow-every")
+    parser.add_argument("--keep", default="", help="copy the nodes' logs here")
     args = parser.parse_args(argv)
 
     solo = measure_solo(args)
@@ -185,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("swarm samples/s", lambda r: f"{r['swarm']:.1f}"), ("solo samples/s", lambda r: f"{solo_sum:.1f}"),
             ("utilization", lambda r: f"{r['swarm'] / solo_sum:.2f}"), ("step s", lambda r: f"{r['step']:.2f}"),
             ("round s", lambda r: f"{r['round']:.2f}"), ("bytes/sample", lambda r: f"{r['bps']:.0f}"),
+            ("  of which to backbone", lambda r: f"{r['bb_bps']:.0f}"),
+            ("cores: worker", lambda r: f"{r['cpu']['worker']:.3f}"),
+            ("cores: helpers", lambda r: f"{r['cpu']['helpers']:.3f}"),
+            ("cores: p2pd", lambda r: f"{r['cpu']['p2pd']:.3f}"),
+            ("loop in step/batch", lambda r: f"{r['busy']:.2f}"),
             (f"loss @ {common} samples", lambda r: f"{loss_at(r['history'], common):.4f}"),
             ("failed msgs", lambda r: str(r["failed"]))]
     print(f"{'':24}" + "".join(f"{n:>20}" for n in results))

@@ -245,6 +245,9 @@ class Experiment(_Model):
     # sync mode: average a step's gradients in the background while the next step accumulates, and
     # apply them one step late (DeDLOC's delayed updates); false: every step waits for its round
     overlap: bool = True
+    # sync mode: global steps between parameter averaging rounds (gradients are averaged every step;
+    # this bounds the drift that lossy gradients and failed rounds leave between peers)
+    average_state_every: int = Field(1, ge=1, le=1000)
     diloco: DilocoParams = Field(default_factory=DilocoParams)
     # How each peer combines the parts it reduces (engine/robust.py): a NaN/inf part is dropped either way
     aggregation: Literal["mean", "centered_clip"] = "mean"

@@ -51,7 +51,7 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
     dht = swarm.start_dht(cfg)
     serve_dialback(dht)  # volunteers ask us whether we can reach them
     metrics.add_validators(dht, exp.run_id)
-    keeper = _keeper(exp, dht, cfg, model, recipe)
+    keeper = _keeper(exp, args, dht, cfg, model, recipe)
     opt = keeper.opt
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -117,10 +117,10 @@ class Checkpoint:
         logger.info("Restored checkpoint at global step %d", state["epoch"])
 
 
-def _keeper(exp, dht, cfg, model, recipe):
+def _keeper(exp, args, dht, cfg, model, recipe):
     if exp.mode == "diloco":
         return DilocoKeeper(exp, dht, cfg, model, recipe)
-    return SyncKeeper(dht, cfg, model, recipe)
+    return SyncKeeper(dht, cfg, model, recipe, follow_every=getattr(args, "follow_every", 0.0))
 
 
 class SyncKeeper:
@@ -128,12 +128,17 @@ class SyncKeeper:
 
     mode = "sync"
 
-    def __init__(self, dht, cfg, model, recipe):
+    def __init__(self, dht, cfg, model, recipe, follow_every: float = 0.0):
         self.opt = swarm.build_optimizer(dht, cfg, model, recipe)
+        self.follow_every, self._loaded = follow_every, -float("inf")
 
     def catch_up(self) -> bool:
-        if self.opt.tracker.global_epoch > self.opt.local_epoch:
+        """Load the swarm's state when it is ahead, at most every ``follow_every`` seconds: each load
+        is the whole state, uploaded by a volunteer."""
+        if self.opt.tracker.global_epoch > self.opt.local_epoch and \
+                time.monotonic() - self._loaded >= self.follow_every:
             self.opt.load_state_from_peers()
+            self._loaded = time.monotonic()
             return True
         return False
 

@@ -93,6 +93,7 @@ class Session:
             grad_compression=self.start.grad_compression or "fp16",
             reachability=self.start.reachability,
             overlap=exp.overlap,
+            average_state_every=exp.average_state_every,
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
         self.dht, self.reachability = swarm.join_swarm(cfg)

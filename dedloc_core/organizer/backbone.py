@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=None, help="served at /data/ (default: the shipped corpus)")
     p.add_argument("--checkpoint-every", type=int, default=5, help="global steps between checkpoints")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between checks of the swarm")
+    p.add_argument("--follow-every", type=float, default=30.0,
+                   help="sync mode: at least this many seconds between loads of the swarm's state "
+                        "(each is the whole state, uploaded by a volunteer)")
     p.add_argument("--ready-file", type=Path, default=None)
     p.add_argument("--no-relay", action="store_true",
                    help="do not relay for volunteers behind NAT (they join outbound only)")

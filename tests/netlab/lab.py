@@ -17,8 +17,9 @@ _FIRST_HOST = 129
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller (LAB.md: v2 is an empty hierarchy here)
 CPU_PERIOD_US = 100_000
 # A lab node's cpu.shares: its weight against the machine's other tasks (1024 each at nice 0), high
-# enough that a node gets its quota on a busy machine; the quota still caps it.
-CPU_SHARES = 8192
+# enough that a node gets its quota on a busy machine (8192 was not at load 30); the quota caps it.
+# The delay programs (the links) get a group with these shares and no quota.
+CPU_SHARES = 65536
 
 
 class LabUnavailable(RuntimeError):
@@ -170,6 +171,16 @@ class Lab:
         host.cpu, host.cgroup = cores, group
         return group
 
+    def _net_group(self) -> Path | None:
+        if cpu_quota_unavailable_reason():
+            return None
+        group = CPU_ROOT / f"{self.prefix}-links"
+        if group not in self._cgroups:
+            group.mkdir(exist_ok=True)
+            self._cgroups.append(group)
+            (group / "cpu.shares").write_text(str(CPU_SHARES))
+        return group
+
     def cpu_stat(self, host: Host) -> dict[str, int]:
         """The host's cgroup ``cpu.stat`` (nr_periods, nr_throttled, throttled_time in ns)."""
         if host.cgroup is None:
@@ -238,8 +249,9 @@ class Lab:
         """No netem here: delay what the host receives with our NFQUEUE program (``delay.py``)."""
         queue = self._queues
         self._queues += 1
-        proc = self.popen(host, [sys.executable, str(Path(__file__).with_name("delay.py")), str(queue),
-                                 str(delay_ms)], stdout=subprocess.PIPE, text=True)
+        argv = [sys.executable, str(Path(__file__).with_name("delay.py")), str(queue), str(delay_ms)]
+        # in the links' group: the link must not starve on a busy machine
+        proc = self.popen(host, argv, stdout=subprocess.PIPE, text=True, group=self._net_group())
         line = proc.stdout.readline() if proc.stdout else ""
         if line.strip() != "ready":
             raise RuntimeError(f"the delay program did not start in {host.ns}: {line!r}")
@@ -247,18 +259,19 @@ class Lab:
 
     # ---- using ------------------------------------------------------------------------------------
 
-    def launcher(self, host: Host) -> list[str]:
-        """The command prefix that runs a program inside ``host``'s namespace (and its CPU group:
-        the shell joins it, then execs, so the program and all it forks stay in it)."""
+    def launcher(self, host: Host, group: Path | None = None) -> list[str]:
+        """The command prefix that runs a program inside ``host``'s namespace and CPU group (or
+        ``group``): the shell joins the group, then execs, so all the program forks stays in it."""
         netns = ["ip", "netns", "exec", host.ns]
-        if host.cgroup is None:
+        group = group or host.cgroup
+        if group is None:
             return netns
-        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(host.cgroup), *netns]
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group), *netns]
 
-    def popen(self, host: Host, argv: list[str], **kwargs) -> subprocess.Popen:
+    def popen(self, host: Host, argv: list[str], group: Path | None = None, **kwargs) -> subprocess.Popen:
         """Start a process inside ``host``'s namespace, in its own process group; killed at close."""
         kwargs.setdefault("start_new_session", True)
-        proc = subprocess.Popen(self.launcher(host) + list(argv), **kwargs)
+        proc = subprocess.Popen(self.launcher(host, group) + list(argv), **kwargs)
         host.processes.append(proc)
         return proc
 
