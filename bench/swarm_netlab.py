@@ -126,7 +126,7 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
     samples = end["samples"] - base["samples"]
     wall = end["time"] - base["time"]
     cpu = {k: sum(e[k] - b[k] for b, e in zip(base["cpu"], end["cpu"], strict=True)) / len(peers) / wall
-           for k in ("worker", "helpers", "p2pd")}
+           for k in ("worker", "loop", "helpers", "p2pd")}
     rounds = end["rounds"] - base["rounds"]
     return {"swarm": samples / wall, "step": wall / max(last - first, 1),
             "round": (end["avg_s"] - base["avg_s"]) / rounds if rounds else float("nan"),
@@ -151,12 +151,14 @@ def snapshot(lab: Lab, peers: list[Peer], backbone) -> dict:
 def cpu_by_kind(peer: Peer) -> dict[str, float]:
     """CPU seconds so far of the processes in a volunteer's CPU group: the worker's training process,
     its forked helpers (DHT, averagers) and p2pd."""
-    out = {"worker": 0.0, "helpers": 0.0, "p2pd": 0.0}
+    out = {"worker": 0.0, "loop": 0.0, "helpers": 0.0, "p2pd": 0.0}
     for pid in (peer.host.cgroup / "cgroup.procs").read_text().split():
         try:
             proc = psutil.Process(int(pid))
             times = proc.cpu_times()
             kind = "p2pd" if "p2pd" in proc.name() else "worker" if proc.pid == peer.worker.pid else "helpers"
+            if kind == "worker":  # the training loop's own thread (the main thread: its id is the pid)
+                out["loop"] += sum(t.user_time + t.system_time for t in proc.threads() if t.id == proc.pid)
         except psutil.Error:
             continue
         out[kind] += times.user + times.system
@@ -219,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             ("round s", lambda r: f"{r['round']:.2f}"), ("bytes/sample", lambda r: f"{r['bps']:.0f}"),
             ("  of which to backbone", lambda r: f"{r['bb_bps']:.0f}"),
             ("cores: worker", lambda r: f"{r['cpu']['worker']:.3f}"),
+            ("  of which the loop", lambda r: f"{r['cpu']['loop']:.3f}"),
             ("cores: helpers", lambda r: f"{r['cpu']['helpers']:.3f}"),
             ("cores: p2pd", lambda r: f"{r['cpu']['p2pd']:.3f}"),
             ("loop in step/batch", lambda r: f"{r['busy']:.2f}"),

@@ -251,11 +251,38 @@ class SwarmTracker(ProgressTracker):
 
 
 class RoundCountingOptimizer(hivemind.Optimizer):
-    """hivemind.Optimizer that counts the averaging rounds it joined and tracks swarm samples/s."""
+    """hivemind.Optimizer that counts the averaging rounds it joined and tracks swarm samples/s.
+
+    With delayed gradient averaging (``SwarmConfig.overlap``) it also fixes what a failed round
+    falls back to: hivemind reloads the gradient accumulators, which by then hold the *next* step's
+    first micro-batches (or zeros), over buffers a partial all-reduce left half averaged. Here the
+    step's own local gradients, kept when its round begins, are used instead."""
 
     rounds_joined = 0
     last_group_size = 0
     averaging_seconds = 0.0
+    _local_grads: list[torch.Tensor] | None = None  # this step's local gradients, while its round runs
+
+    def _begin_averaging_gradients(self, grad_scaler) -> bool:
+        if self.delay_grad_averaging:
+            ga = self.grad_averager
+            scale = 1.0 / ga.local_times_accumulated if ga.local_times_accumulated else 0.0
+            with torch.no_grad():
+                self._local_grads = [acc.detach().clone().mul_(scale) for acc in ga._grad_accumulators()]
+        began = super()._begin_averaging_gradients(grad_scaler)
+        if not began:
+            self._local_grads = None  # no round in the background to fall back from
+        return began
+
+    def _load_local_gradients_into_optimizer(self):
+        local, self._local_grads = self._local_grads, None
+        if local is None:
+            return super()._load_local_gradients_into_optimizer()
+        logger.debug("Proceeding with this step's local gradients")
+        with torch.no_grad(), self.grad_averager.get_tensors() as averaged:
+            for buffer, grad in zip(averaged, local, strict=True):
+                buffer.copy_(grad)
+        self._load_averaged_gradients_into_optimizer_()
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ProgressTracker:
         return SwarmTracker(
@@ -270,7 +297,10 @@ class RoundCountingOptimizer(hivemind.Optimizer):
 
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control):
         began = time.perf_counter()
-        super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+        try:
+            super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+        finally:
+            self._local_grads = None
         self.averaging_seconds += time.perf_counter() - began
         if maybe_step_control is not None and maybe_step_control.done():
             try:

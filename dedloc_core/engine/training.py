@@ -201,7 +201,8 @@ class Session:
             if reported:  # paused and resumed within one blocked step
                 self._state("training", f"Training {self.experiment.recipe}")
             if self._watchdog.rejoined.is_set():
-                self._reload_state()
+                with watch:  # a state download: seconds on a slow link
+                    self._reload_state()
             if self._watchdog.relay_gone():
                 logger.warning("The relay reservation is gone and p2pd does not renew it: rejoining the swarm")
                 self.rejoin = True
