@@ -60,8 +60,12 @@ MODES = {
 RECIPE = {"d_model": 128, "n_layers": 2, "n_heads": 2, "seq_len": 32, "lr": 0.003, "warmup_steps": 0}
 
 
+MICRO_BATCH = [8]  # samples per micro-batch (--micro-batch)
+
+
 def experiment(name: str, target_batch: int, matchmaking: float, overlap: bool, state_every: int = 1) -> dict:
     return tiny_experiment(id=f"bench-{len(name)}", run_id=f"bench_{abs(hash(name)) % 10**6}",
+                           batch_size_per_step=MICRO_BATCH[0],
                            target_batch_size=target_batch, matchmaking_time=matchmaking, averaging_timeout=30.0,
                            overlap=overlap, average_state_every=state_every, recipe_params=RECIPE)
 
@@ -185,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="", help="comma-separated mode names (default: both)")
     parser.add_argument("--state-every", type=int, default=0, help="override average_state_every of both modes")
     parser.add_argument("--follow-every", type=float, default=30.0, help="the backbone's --follow-every")
+    parser.add_argument("--micro-batch", type=int, default=8, help="samples per micro-batch (solo and swarm)")
     parser.add_argument("--keep", default="", help="copy the nodes' logs here")
     args = parser.parse_args(argv)
+    MICRO_BATCH[0] = args.micro_batch
 
     solo = measure_solo(args)
     solo_sum = sum(solo["alone"])
