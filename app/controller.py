@@ -30,6 +30,8 @@ from .supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 
+# the worker's Error codes for an invite that does not (or no longer) work: the app leaves and says so
+INVITE_ERRORS = ("invite_missing", "invite_unknown", "invite_expired", "invite_revoked", "invite_used_up")
 TICK_MS = 100  # how often the app samples idleness and re-decides (a pause lands within ~0.25 s)
 SLOW_MS = 30_000  # how often statistics and the swarm summary refresh
 MAX_LOG = 2000
@@ -86,6 +88,7 @@ class Controller(QObject):
         self.last_progress: Progress | None = None
         self.worker_state: State | None = None
         self.last_error: Error | None = None
+        self.invite_problems: dict[str, str] = {}  # experiment id -> why its invite no longer works
         self.log_entries: list[LogEntry] = []
         self.status = Status("idle", "Not contributing: no experiment joined")
         self._data_server = None
@@ -199,10 +202,16 @@ class Controller(QObject):
         self.bridge.run(work, lambda where: self.note("INFO", f"Start at login {'on' if on else 'off'} ({where})"),
                         lambda exc: self.fail(exc, doing="Start at login"))
 
-    def store_token(self, experiment_id: str, token: str) -> None:
-        self.bridge.run(lambda: secrets.set_token(experiment_id, token),
-                        lambda _: self.note("INFO", f"Access token for {experiment_id} stored in the keyring"),
-                        lambda exc: self.fail(exc, doing="Storing the access token"))
+    def join_with_invite(self, experiment_id: str, code: str) -> None:
+        """Keep the invite code in the keyring (the worker redeems it), then join; a keyring that
+        cannot take it is shown and nothing is joined."""
+        def stored(_) -> None:
+            self.invite_problems.pop(experiment_id, None)
+            self.note("INFO", f"Invite code for {experiment_id} stored in the keyring")
+            self.join(experiment_id)
+
+        self.bridge.run(lambda: secrets.set_invite(experiment_id, code.strip()), stored,
+                        lambda exc: self.fail(exc, doing="Storing the invite code"))
 
     # ---- catalog sources -------------------------------------------------------------------------
 
@@ -387,6 +396,13 @@ class Controller(QObject):
     def _on_error(self, event: Error) -> None:
         self.last_error = event
         self.fail(event, source="worker")
+        joined = self.joined
+        if event.code in INVITE_ERRORS and joined is not None:
+            # retrying cannot help: only a new code from the organizer does
+            msg = user_message(event)
+            self.invite_problems[joined.id] = msg.line()
+            self.notify.emit(f"Invite for {joined.title}: {msg.title}", f"{msg.message} {msg.hint}".strip())
+            self.leave()
         self._update_status()
 
     def fail(self, error: object, *, doing: str = "", level: str = "ERROR", source: str = "app") -> None:
