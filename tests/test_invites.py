@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_experiment
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -18,8 +19,6 @@ from dedloc_core.errors import EXIT_EXPLAINED
 from dedloc_core.invites import InviteError
 from dedloc_core.organizer import invites as org
 from dedloc_core.organizer.httpserve import FileServer
-
-from conftest import tiny_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 
