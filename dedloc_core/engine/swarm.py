@@ -55,6 +55,8 @@ class SwarmConfig:
     # serve as a libp2p circuit relay for other peers: the backbone only (hivemind_patches patch 5)
     relay_service: bool = False
     grad_compression: str = "fp16"  # "none", "fp16" or "8bit" (hivemind's Uniform8BitQuantization)
+    # an invite-only experiment's DHT authorizer (gate.InviteAuthorizer), None for open ones
+    authorizer: object | None = None
 
 
 _process_prepared = False
@@ -132,6 +134,8 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
     opts = dict(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                 announce_maddrs=cfg.announce_maddrs or None, identity_path=cfg.identity_path,
                 client_mode=cfg.client_mode)
+    if cfg.authorizer is not None:
+        opts["authorizer"] = cfg.authorizer
     opts.update(extra)
     return hivemind.DHT(start=True, **opts)
 

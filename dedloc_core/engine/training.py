@@ -21,7 +21,7 @@ from dedloc_core.catalog import Experiment
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
 
-from . import hivemind_patches, limits, metrics, reachability, robust, swarm
+from . import gate, hivemind_patches, invited, limits, metrics, reachability, robust, swarm
 from .channel import Control, EventChannel
 from .diloco import DilocoOptimizer
 from .reachability import RELAY_LOST, VIA_RELAY, only_loopback
@@ -93,9 +93,20 @@ class Session:
             reachability=self.start.reachability,
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
+        if exp.needs_token:  # invite-only: a token from the backbone, checked by every peer (gate.py)
+            token, identity = invited.obtain(exp, cfg.identity_path)
+            gate.configure(exp.run_id, exp.invite_key)  # before hivemind forks the DHT and averagers
+            self.token_holder = gate.TokenHolder(token)
+            cfg.authorizer = gate.InviteAuthorizer(metrics.load_identity_key(cfg.identity_path), self.token_holder)
+        else:
+            gate.disable()
         self.dht, self.reachability = swarm.join_swarm(cfg)
         logger.info("Reachability: %s", self.reachability)
         self.public_key = metrics.add_validators(self.dht, exp.run_id)
+        if exp.needs_token:
+            gate.publish(self.dht, token, subkey=self.public_key)
+            self.renewer = invited.Renewer(exp, identity, self.token_holder,
+                                           lambda t: gate.publish(self.dht, t, subkey=self.public_key))
         if exp.mode == "diloco":
             self.optimizer = DilocoOptimizer(
                 self.dht, exp.run_id, self.model, self.recipe, exp.diloco, batch_size=self.batch_size,
@@ -124,6 +135,8 @@ class Session:
             self._state("stopping", "Leaving the swarm")
         if getattr(self, "_watchdog", None) is not None:
             self._watchdog.stop()
+        if getattr(self, "renewer", None) is not None:
+            self.renewer.stop()
         for obj in (self.optimizer, self.dht):
             if obj is not None:
                 try:
@@ -187,6 +200,8 @@ class Session:
                 continue
             if self._watchdog.rejoined.is_set():
                 self._reload_state()
+            if getattr(self, "renewer", None) is not None and self.renewer.failure is not None:
+                raise self.renewer.failure  # revoked: the worker's Error event says so
             if self._watchdog.relay_gone():
                 logger.warning("The relay reservation is gone and p2pd does not renew it: rejoining the swarm")
                 self.rejoin = True
