@@ -31,7 +31,8 @@ from .supervisor import Supervisor
 logger = logging.getLogger(__name__)
 
 # the worker's Error codes for an invite that does not (or no longer) work: the app leaves and says so
-INVITE_ERRORS = ("invite_missing", "invite_unknown", "invite_expired", "invite_revoked", "invite_used_up")
+INVITE_ERRORS = ("invite_missing", "invite_unknown", "invite_expired", "invite_revoked", "invite_used_up",
+                 "invite_unconfigured")
 TICK_MS = 100  # how often the app samples idleness and re-decides (a pause lands within ~0.25 s)
 SLOW_MS = 30_000  # how often statistics and the swarm summary refresh
 MAX_LOG = 2000
