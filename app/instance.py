@@ -5,6 +5,8 @@ which makes the connection the window process's channel (``app.windowhost``)."""
 from __future__ import annotations
 
 import getpass
+import hashlib
+import os
 import re
 from collections.abc import Callable
 
@@ -13,7 +15,10 @@ from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
 
 def default_name() -> str:
-    return "dedloc-volunteer-" + re.sub(r"[^A-Za-z0-9_.-]", "_", getpass.getuser())
+    """One name per user (and per ``DEDLOC_HOME``: a test's or a benchmark's app is an app apart)."""
+    name = "dedloc-volunteer-" + re.sub(r"[^A-Za-z0-9_.-]", "_", getpass.getuser())
+    home = os.environ.get("DEDLOC_HOME")
+    return name + "-" + hashlib.sha256(home.encode()).hexdigest()[:8] if home else name
 
 
 class SingleInstance(QObject):

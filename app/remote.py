@@ -158,8 +158,9 @@ def when_ready(channel: Channel, then: Callable[[dict], None]) -> None:
     channel.received.connect(first)
 
 
-def open_window(channel: Channel, state: dict):
-    """The main window over ``channel``; closing it ends this process's event loop."""
+def open_window(channel: Channel, state: dict, done: Callable[[], None]):
+    """The main window over ``channel``; ``done()`` when it closes or the tray quits (the process
+    then exits)."""
     from .firstrun import first_run
     from .window import MainWindow
 
@@ -167,7 +168,7 @@ def open_window(channel: Channel, state: dict):
     controller = RemoteController(channel, Bridge(qapp), state)
     window = MainWindow(controller)
     window.quit_on_close = True
-    window.on_quit = lambda: qapp.exit(0)
+    window.on_quit = done
 
     def show(page: str | None, link: str | None) -> None:
         window.bring_up()
@@ -177,7 +178,7 @@ def open_window(channel: Channel, state: dict):
             window.show_page(page)
 
     controller.show_requested = show
-    controller.quitting.connect(lambda: qapp.exit(0))
+    controller.quitting.connect(done)
     first_run(controller, window)
     return window, controller
 
@@ -190,7 +191,7 @@ def main(name: str | None = None) -> int:
         print("DeDLOC Volunteer is not running (start it with `dedloc app`).", file=sys.stderr)
         return 1
     opened: list = []
-    when_ready(channel, lambda state: opened.append(open_window(channel, state)))
+    when_ready(channel, lambda state: opened.append(open_window(channel, state, lambda: qapp.exit(0))))
     channel.closed.connect(lambda: qapp.exit(0 if opened else 1))
     QTimer.singleShot(60_000, lambda: opened or qapp.exit(1))  # the tray never answered
     code = qapp.exec()

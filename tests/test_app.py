@@ -482,7 +482,8 @@ def test_the_window_in_its_own_process_mirrors_the_tray_and_sends_commands(qtbot
     try:
         channel, opened = connect(name), []
         assert channel is not None
-        when_ready(channel, lambda state: opened.append(open_window(channel, state)))
+        closed: list[bool] = []
+        when_ready(channel, lambda state: opened.append(open_window(channel, state, lambda: closed.append(True))))
         qtbot.waitUntil(lambda: bool(opened), timeout=10000)
         window, remote = opened[0]
         qtbot.waitUntil(lambda: window.isVisible(), timeout=5000)  # the tray's "show" came with the state
@@ -524,12 +525,11 @@ def test_the_window_in_its_own_process_mirrors_the_tray_and_sends_commands(qtbot
         qtbot.wait(300)
         assert app.controller.prefs.upload_cap_kbs == 321 and app.controller.joined is None
 
-        # The tray quits: the window hears it.
-        quit_seen = []
-        remote.quitting.connect(lambda: quit_seen.append(True))
+        # Closing the window ends it (its process exits); so does the tray quitting.
+        window.close()
+        assert closed == [True]
         app.host.close(timeout_ms=100)
-        qtbot.waitUntil(lambda: bool(quit_seen), timeout=5000)
-        window.quit_on_close = False
+        qtbot.waitUntil(lambda: len(closed) == 2, timeout=5000)
         window.hide()
         remote.bridge.shutdown()
     finally:
