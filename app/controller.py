@@ -56,7 +56,10 @@ class LogEntry:
     message: str
 
 
-class Controller(QObject):
+class ControllerView(QObject):
+    """What the window reads and calls: the app's signals and state. ``Controller`` is the real one
+    (the tray process); ``app.remote.RemoteController`` mirrors it in the window's own process."""
+
     status_changed = Signal(object)  # Status
     catalog_changed = Signal(object)  # LoadResult
     hardware_changed = Signal(object)  # Hardware
@@ -71,6 +74,46 @@ class Controller(QObject):
     quitting = Signal()
     notify = Signal(str, str)  # title, message: what the user should know now (the tray shows it)
 
+    prefs: Preferences
+    prefs_problem: str | None
+    catalog: LoadResult | None
+    hardware: hardware.Hardware | None
+    joined: Experiment | None
+    last_progress: Progress | None
+    worker_state: State | None
+    swarm: object | None
+    status: Status
+    log_entries: list[LogEntry]
+    invite_problems: dict[str, str]  # experiment id -> why its invite no longer works
+
+    def experiment(self, experiment_id: str) -> Experiment | None:
+        if self.catalog is None or self.catalog.catalog is None:
+            return None
+        return self.catalog.catalog.get(experiment_id)
+
+    def origin(self, experiment_id: str) -> str | None:
+        """The catalog URL the experiment came from (None: the catalog shipped with the app)."""
+        if self.catalog is None:
+            return joining.catalog_url()
+        return self.catalog.origins.get(experiment_id, joining.catalog_url())
+
+    def source_label(self, experiment_id: str) -> str | None:
+        """Who an experiment comes from, for experiments of an added source; None for the built-in one."""
+        if self.catalog is None:
+            return None
+        origin = self.catalog.origins.get(experiment_id)
+        state = next((s for s in self.catalog.sources if s.url == origin and not s.builtin), None)
+        return state.name or origin if state else None
+
+    def rank(self) -> tuple[int, int] | None:
+        """This volunteer's place on the joined swarm's leaderboard: (rank, volunteers), or None."""
+        peer_id = self.worker_state.peer_id if self.worker_state is not None else None
+        board = self.swarm.leaderboard if self.swarm is not None else []  # type: ignore[attr-defined]
+        place = next((i for i, c in enumerate(board, 1) if c.peer_id == peer_id), None)
+        return (place, len(board)) if place and peer_id else None
+
+
+class Controller(ControllerView):
     def __init__(self, bridge: Bridge, supervisor: Supervisor, *, prefs_path: Path | None = None,
                  stats_store=None, sampler: Sampler | None = None, parent: QObject | None = None):
         super().__init__(parent)
@@ -235,26 +278,7 @@ class Controller(QObject):
         self.note("INFO", f"Removed the experiments of {removed.label()}")
         self.refresh_catalog()
 
-    def source_label(self, experiment_id: str) -> str | None:
-        """Who an experiment comes from, for experiments of an added source; None for the built-in one."""
-        if self.catalog is None:
-            return None
-        origin = self.catalog.origins.get(experiment_id)
-        state = next((s for s in self.catalog.sources if s.url == origin and not s.builtin), None)
-        return state.name or origin if state else None
-
     # ---- join / leave ----------------------------------------------------------------------------
-
-    def experiment(self, experiment_id: str) -> Experiment | None:
-        if self.catalog is None or self.catalog.catalog is None:
-            return None
-        return self.catalog.catalog.get(experiment_id)
-
-    def origin(self, experiment_id: str) -> str | None:
-        """The catalog URL the experiment came from (None: the catalog shipped with the app)."""
-        if self.catalog is None:
-            return joining.catalog_url()
-        return self.catalog.origins.get(experiment_id, joining.catalog_url())
 
     def join(self, experiment_id: str) -> bool:
         exp = self.experiment(experiment_id)
@@ -370,13 +394,6 @@ class Controller(QObject):
     def _on_swarm(self, summary) -> None:
         self.swarm = summary
         self.swarm_changed.emit(summary)
-
-    def rank(self) -> tuple[int, int] | None:
-        """This volunteer's place on the joined swarm's leaderboard: (rank, volunteers), or None."""
-        peer_id = self.worker_state.peer_id if self.worker_state is not None else None
-        board = self.swarm.leaderboard if self.swarm is not None else []
-        place = next((i for i, c in enumerate(board, 1) if c.peer_id == peer_id), None)
-        return (place, len(board)) if place and peer_id else None
 
     def _on_state(self, event: State) -> None:
         if event.peer_id and (self.worker_state is None or self.worker_state.peer_id != event.peer_id):
