@@ -261,3 +261,31 @@ def test_a_locked_database_delays_the_commit_and_loses_nothing(tmp_path, caplog)
     with StatsStore(path) as reader:
         assert reader.totals().samples == 96
     rec.close()
+
+
+QUIET_WORKER = """
+import sys, time
+from dedloc_core.protocol import Stats
+from dedloc_core.stats.recorder import StatsRecorder
+rec = StatsRecorder(sys.argv[1], "kill-test").start()  # the app's defaults
+time.sleep(0.3)
+rec.on_event(Stats(samples=8, compute_seconds=1.0, rounds=0, bytes_sent=0, bytes_received=0, paused_seconds=0.0))
+rec.flush()  # a commit (as on_event makes when one is due) ...
+rec.on_event(Stats(samples=16, compute_seconds=2.0, rounds=0, bytes_sent=0, bytes_received=0, paused_seconds=0.0))
+print("fed", flush=True)  # ... then one more event, and silence (the worker is in an averaging round)
+time.sleep(60)
+"""
+
+
+def test_kill_9_loses_at_most_the_last_2_seconds_of_events(tmp_path):
+    path = tmp_path / "s.db"
+    proc = subprocess.Popen([sys.executable, "-c", QUIET_WORKER, str(path)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "fed"
+        time.sleep(2.0)  # the event is 2 s old: a crash now must not lose it
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    with StatsStore(path) as store:
+        assert store.totals().samples == 16

@@ -8,8 +8,9 @@ The supervisor may also pass a ``State(state="paused", reason=...)`` of its own 
 runs (a long pause tears the worker down).
 
 Amounts are kept in memory and committed in one small transaction every ``flush_interval``
-seconds (by ``on_event``, ``tick`` or the optional background thread of ``start()``), so a crash
-loses at most those seconds.
+seconds (1 s; by ``on_event``, ``tick`` or the background thread of ``start()``, which checks four
+times as often), so a crash (``kill -9``) loses at most the last 1.25 s of events, even when no
+event comes to trigger the commit (a worker inside an averaging round sends none).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .db import HOUR, Delta, StatsStore, hour_of
 
 logger = logging.getLogger(__name__)
 
+TICKS = 4  # the background thread's checks per flush interval (it waited a whole one: 4 s lost)
 _STAT_FIELDS = {"samples": "samples", "rounds": "rounds", "bytes_sent": "bytes_sent",
                 "bytes_received": "bytes_received"}
 
@@ -35,7 +37,7 @@ class StatsRecorder:
     """Records one worker's contribution, one experiment at a time. Safe to call from any thread."""
 
     def __init__(self, store: StatsStore | Path | str | None = None, experiment: str = "unknown", *,
-                 flush_interval: float = 2.0, clock: Callable[[], float] = time.time):
+                 flush_interval: float = 1.0, clock: Callable[[], float] = time.time):
         self.store = store if isinstance(store, StatsStore) else StatsStore(store, threadsafe=True)
         self.experiment = experiment
         self.flush_interval = flush_interval
@@ -131,14 +133,16 @@ class StatsRecorder:
             return True
 
     def start(self) -> StatsRecorder:
-        """Commit every ``flush_interval`` seconds from a background thread, events or not."""
+        """Commit every ``flush_interval`` seconds from a background thread, events or not (it checks
+        ``TICKS`` times per interval: waking once per interval, it found the commit due only at the next
+        wake-up whenever an event had committed between two)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="stats-recorder", daemon=True)
             self._thread.start()
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.flush_interval):
+        while not self._stop.wait(self.flush_interval / TICKS):
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - the thread must go on
