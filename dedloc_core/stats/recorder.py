@@ -28,6 +28,7 @@ from .db import HOUR, Delta, StatsStore, hour_of
 
 logger = logging.getLogger(__name__)
 
+COMPLAIN_EVERY = 60.0  # seconds between two log lines about the same failing commits
 TICKS = 4  # the background thread's checks per flush interval (it waited a whole one: 4 s lost)
 _STAT_FIELDS = {"samples": "samples", "rounds": "rounds", "bytes_sent": "bytes_sent",
                 "bytes_received": "bytes_received"}
@@ -47,6 +48,8 @@ class StatsRecorder:
         self._last: Stats | None = None
         self._paused: tuple[str, float] | None = None  # (reason, credited up to)
         self._next_flush = clock() + flush_interval
+        self._failures = 0  # commits failed in a row (a full disk)
+        self._next_complaint = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -117,7 +120,7 @@ class StatsRecorder:
 
     def flush(self) -> bool:
         """Commit what was collected (one transaction). On a database error (locked, disk full) log
-        it, keep the amounts and return False: the next flush tries again."""
+        it (once a minute while it lasts), keep the amounts and return False: the next flush tries again."""
         with self._lock:
             self._credit_pause(self.clock())
             pending = {k: d for k, d in self._pending.items() if not d.empty()}
@@ -127,8 +130,16 @@ class StatsRecorder:
             try:
                 self.store.add(pending)
             except sqlite3.Error as exc:
-                logger.error("Could not write statistics to %s (will retry): %s", self.store.path, exc)
+                now = self.clock()
+                if self._failures == 0 or now >= self._next_complaint:  # once a minute, not every second
+                    logger.error("Could not write statistics to %s (will retry): %s", self.store.path, exc)
+                    self._next_complaint = now + COMPLAIN_EVERY
+                self._failures += 1
                 return False
+            if self._failures:
+                logger.info("Statistics written to %s again, after %d failed attempts", self.store.path,
+                            self._failures)
+                self._failures = 0
             self._pending.clear()
             return True
 
