@@ -17,8 +17,8 @@ the backbone wrote (each version is hard-linked as it appears) loads into the mo
 database opens, passes ``PRAGMA integrity_check`` and holds every ``stats`` event the volunteer
 received before the kill, minus at most those of the last 2 s (a lost row: an event whose totals
 the database does not reach); v2 and v3, stopped gracefully at the end, hold every event; the
-long-lived peers (backbone, v2, v3) grow their memory (PSS of each process tree) by less than
-200 MB in total between the start of the chaos and its end. Last line:
+long-lived peers (backbone, v2, v3) grow their memory (USS, private memory, of each process tree)
+by less than 200 MB in total between the start of the chaos and its end. Last line:
 ``chaos: N kills, M link cuts, steps advanced S, lost rows L, corrupt checkpoints C, memory growth G MB``.
 Exit status 0 when every check passes, 1 otherwise.
 """
@@ -257,7 +257,8 @@ class Chaos:
         return curve[-1][1] if curve else 0
 
     def memory(self) -> dict[str, float]:
-        """PSS in MB of each long-lived peer's process tree (each process's share in the log)."""
+        """USS in MB (private memory: what a leak grows; PSS also moves when other processes on the machine
+        map the same libraries) of each long-lived peer's process tree; each process in the log."""
         roots = {"backbone": self.backbone.proc.pid, "v2": self.volunteers[2].proc.pid,
                  "v3": self.volunteers[3].proc.pid}
         out, detail = {}, []
@@ -267,9 +268,9 @@ class Chaos:
                 root = psutil.Process(pid)
                 for p in [root, *root.children(recursive=True)]:
                     try:
-                        pss = p.memory_full_info().pss
-                        total += pss
-                        detail.append(f"{name}/{p.pid}:{p.name()} {pss / 2**20:.0f}")
+                        info = p.memory_full_info()
+                        total += info.uss
+                        detail.append(f"{name}/{p.pid}:{p.name()} uss {info.uss >> 20} pss {info.pss >> 20}")
                     except psutil.Error:
                         pass
             except psutil.Error:
@@ -350,8 +351,9 @@ class Chaos:
         time.sleep(3)  # the recorder's next commit
         log = (v.home / "volunteer.log").read_text(errors="replace")
         retries = log.count("Could not write statistics")
-        self.say(f"{v.name}: data folder freed; the recorder logged {retries} failed commits "
-                 f"({_first(log, 'Could not write statistics')})")
+        self.say(f"{v.name}: data folder freed; the recorder logged {retries} error line(s) meanwhile "
+                 f"({_first(log, 'Could not write statistics')}); worker exits: "
+                 f"{sum(e['kind'] == 'exit' for e in v.lines())}")
         self.check_db(v, time.time(), "3 s after the full disk")  # it runs on: what came 2 s before now is in
 
     def finish(self) -> None:
@@ -394,7 +396,7 @@ class Chaos:
         print(f"checkpoints written and checked: {len(self.snapshots)}, corrupt {len(corrupt)}")
         print(f"stats events lost {self.lost}; in the last {GRACE:.0f} s before a kill and not held {self.tail}; "
               f"over-counted databases {self.overcounted}")
-        print("memory (PSS of the process tree, MB): " + ", ".join(
+        print("memory (USS of the process tree, MB): " + ", ".join(
             f"{k} {mem0[k]:.0f} -> {mem1.get(k, 0):.0f} ({growth[k]:+.0f})" for k in mem0))
         print("timeline (s after the first global step: global step, memory MB backbone/v2/v3):")
         first = self.timeline[0][0] if self.timeline else t0
