@@ -17,7 +17,7 @@ the backbone wrote (each version is hard-linked as it appears) loads into the mo
 database opens, passes ``PRAGMA integrity_check`` and holds every ``stats`` event the volunteer
 received before the kill, minus at most those of the last 2 s (a lost row: an event whose totals
 the database does not reach); v2 and v3, stopped gracefully at the end, hold every event; the
-long-lived peers (backbone, v2, v3) grow their memory (USS, private memory, of each process tree)
+long-lived peers (backbone, v2, v3) grow their memory (``heap_mb`` summed over each process tree)
 by less than 200 MB in total between the start of the chaos and its end. Last line:
 ``chaos: N kills, M link cuts, steps advanced S, lost rows L, corrupt checkpoints C, memory growth G MB``.
 Exit status 0 when every check passes, 1 otherwise.
@@ -257,8 +257,8 @@ class Chaos:
         return curve[-1][1] if curve else 0
 
     def memory(self) -> dict[str, float]:
-        """USS in MB (private memory: what a leak grows; PSS also moves when other processes on the machine
-        map the same libraries) of each long-lived peer's process tree; each process in the log."""
+        """Each long-lived peer's process tree's heap and shared tensors in MB (``heap_mb``); each
+        process in the log."""
         roots = {"backbone": self.backbone.proc.pid, "v2": self.volunteers[2].proc.pid,
                  "v3": self.volunteers[3].proc.pid}
         out, detail = {}, []
@@ -268,14 +268,14 @@ class Chaos:
                 root = psutil.Process(pid)
                 for p in [root, *root.children(recursive=True)]:
                     try:
-                        info = p.memory_full_info()
-                        total += info.uss
-                        detail.append(f"{name}/{p.pid}:{p.name()} uss {info.uss >> 20} pss {info.pss >> 20}")
-                    except psutil.Error:
+                        mb = heap_mb(p.pid)
+                        total += mb
+                        detail.append(f"{name}/{p.pid}:{p.name()} {mb:.0f}")
+                    except (psutil.Error, OSError):
                         pass
             except psutil.Error:
                 pass
-            out[name] = total / 2**20
+            out[name] = total
         self.log.write(f"memory {time.time():.0f}: " + ", ".join(detail) + "\n")
         return out
 
@@ -396,7 +396,7 @@ class Chaos:
         print(f"checkpoints written and checked: {len(self.snapshots)}, corrupt {len(corrupt)}")
         print(f"stats events lost {self.lost}; in the last {GRACE:.0f} s before a kill and not held {self.tail}; "
               f"over-counted databases {self.overcounted}")
-        print("memory (USS of the process tree, MB): " + ", ".join(
+        print("memory (heap + shared tensors of the process tree, MB): " + ", ".join(
             f"{k} {mem0[k]:.0f} -> {mem1.get(k, 0):.0f} ({growth[k]:+.0f})" for k in mem0))
         print("timeline (s after the first global step: global step, memory MB backbone/v2/v3):")
         first = self.timeline[0][0] if self.timeline else t0
@@ -431,6 +431,20 @@ def check_checkpoints(snapshots: list[Path], exp: dict) -> list[tuple[str, str]]
         except Exception as exc:  # noqa: BLE001 - any failure is a corrupt checkpoint
             bad.append((snap.name, f"{type(exc).__name__}: {exc}"))
     return bad
+
+
+def heap_mb(pid: int) -> float:
+    """A process's share of anonymous and shared memory (``Pss_Anon + Pss_Shmem``): summed over a tree
+    it is the RAM the tree's heaps and shared tensors take, pages shared after a fork counted once.
+    Not USS (a page a forked child copies leaves the parent's original private: counted twice) nor
+    plain PSS (it moves when other processes on the machine map torch's libraries)."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("Pss_Anon", "Pss_Shmem"):
+                fields[key] = int(rest.split()[0])
+    return sum(fields.values()) / 1024
 
 
 def listing(folder: Path) -> str:
