@@ -84,3 +84,37 @@ def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, 
     # The newcomer did not start from epoch 0: it loaded the swarm's state.
     assert min(newcomer.digests()) >= joined_at - 1
     assert same(newcomer.digests()[epochs[0]], first.digests()[epochs[0]]), "newcomer's parameters differ"
+
+
+FORK_COW = """
+import gc, multiprocessing as mp, sys
+from dedloc_core.engine import swarm
+
+def private_dirty_mb():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("Private_Dirty:")) / 1024
+
+def child(queue):
+    before = private_dirty_mb()
+    gc.collect()  # a full collection, as comes sooner or later in a DHT or averager process
+    queue.put(private_dirty_mb() - before)
+
+swarm.prepare_process()
+heap = [[object() for _ in range(10)] for _ in range(100_000)]  # about 60 MB of objects the GC tracks
+queue = mp.Queue()
+proc = mp.Process(target=child, args=(queue,))
+proc.start()
+print(queue.get(timeout=60))
+proc.join()
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "register_at_fork"), reason="needs os.register_at_fork")
+def test_a_forked_child_collecting_garbage_does_not_copy_the_inherited_heap():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FORK_COW], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    copied = float(out.stdout.split()[-1])
+    assert copied < 10, f"the child's collection copied {copied:.0f} MB of the parent's heap"

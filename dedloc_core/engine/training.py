@@ -49,7 +49,8 @@ class Session:
         self.rejoin = False  # set when this session ends only to start a fresh one (a lost relay)
         self.loss_ema: float | None = None
         self._window = (time.monotonic(), self.samples, self.compute_seconds)  # at the last progress
-        self._digest: tuple[int, list[float]] = (-1, [])
+        self._digest: tuple[tuple[int, int], list[float]] = ((-1, 0), [])  # ((epoch, resyncs), digest)
+        self._reported_epoch = -1  # the local epoch of the last progress report
         self._next_publish = 0.0
         self.on_gpu = False
 
@@ -220,7 +221,7 @@ class Session:
             if self._watchdog.relay_ok != self._relay_ok_reported:  # the relay went or came back
                 self._relay_ok_reported = self._watchdog.relay_ok
                 self._state("training", f"Training {self.experiment.recipe}")
-            if time.monotonic() >= next_report or opt.local_epoch != self._digest[0]:
+            if time.monotonic() >= next_report or opt.local_epoch != self._reported_epoch:
                 self._report()  # periodically, and at every new global step
                 next_report = time.monotonic() + self.start.progress_period
         self._report()
@@ -253,6 +254,7 @@ class Session:
     def _report(self) -> None:
         opt = self.optimizer
         now = time.monotonic()
+        self._reported_epoch = opt.local_epoch
         t0, s0, _ = self._window
         local_sps = (self.samples - s0) / max(now - t0, 1e-6)
         self._window = (now, self.samples, self.compute_seconds)
