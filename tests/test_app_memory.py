@@ -79,7 +79,6 @@ def test_the_tray_does_not_grow_when_the_window_opens_on_every_page_and_closes(t
         finally:
             app.terminate()
             app.wait(60)
-    print(f"tray RSS before the window {before:.1f} MB, after {rss:.1f} MB")
     assert "libQt6Charts" not in maps, "the tray process loaded the window's chart library"
     assert rss - before < GROWTH_MB, (f"the tray grew from {before:.1f} to {rss:.1f} MB resident while the window "
                                       f"was open on every page (allowed: {GROWTH_MB} MB)")

@@ -87,6 +87,7 @@ class Backbone:
         self.run_dir = args.run_dir or (paths.data_dir() / "backbone" / args.experiment)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.stop = threading.Event()
+        self.issuer: invites.Issuer | None = None  # set by run() for an invite-only experiment
 
     def _load_catalog(self) -> tuple[bytes, object, str]:
         """The signed catalog's bytes, our experiment, and the public key line that signed it."""
