@@ -41,12 +41,16 @@ def secret_service(monkeypatch, tmp_path):
     try:
         from dedloc_core import secrets
 
-        for _ in range(50):  # the daemon takes the bus name in a moment
+        deadline = time.monotonic() + 60  # the daemon takes the bus name in a moment (seconds on a busy CI)
+        while True:
             try:
-                secrets.get_invite("probe")
+                secrets.set_invite("probe", "x")  # a write: reading works before the collection is unlocked
+                secrets.delete_invite("probe")
                 break
-            except secrets.SecretError:
-                time.sleep(0.1)
+            except secrets.SecretError as exc:
+                if time.monotonic() > deadline or daemon.poll() is not None:
+                    raise AssertionError(f"gnome-keyring did not serve the session bus: {exc}") from exc
+                time.sleep(0.2)
         yield
     finally:
         keyring.set_keyring(previous)
