@@ -29,7 +29,11 @@ def secret_service(monkeypatch, tmp_path):
     bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True)
     address = bus.stdout.readline().strip()
-    env = {**os.environ, "DBUS_SESSION_BUS_ADDRESS": address, "XDG_RUNTIME_DIR": str(tmp_path)}
+    # its own keyring directory: a login keyring left in ~ with another password stays locked
+    data = tmp_path / "keyring-data"
+    data.mkdir()
+    env = {**os.environ, "DBUS_SESSION_BUS_ADDRESS": address, "XDG_RUNTIME_DIR": str(tmp_path),
+           "XDG_DATA_HOME": str(data)}
     daemon = subprocess.Popen(["gnome-keyring-daemon", "--foreground", "--unlock", "--components=secrets"],
                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     daemon.stdin.write(b"pw")
