@@ -30,6 +30,9 @@ from .supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 
+# the worker's Error codes for an invite that does not (or no longer) work: the app leaves and says so
+INVITE_ERRORS = ("invite_missing", "invite_unknown", "invite_expired", "invite_revoked", "invite_used_up",
+                 "invite_unconfigured")
 TICK_MS = 100  # how often the app samples idleness and re-decides (a pause lands within ~0.25 s)
 SLOW_MS = 30_000  # how often statistics and the swarm summary refresh
 MAX_LOG = 2000
@@ -53,7 +56,10 @@ class LogEntry:
     message: str
 
 
-class Controller(QObject):
+class ControllerView(QObject):
+    """What the window reads and calls: the app's signals and state. ``Controller`` is the real one
+    (the tray process); ``app.remote.RemoteController`` mirrors it in the window's own process."""
+
     status_changed = Signal(object)  # Status
     catalog_changed = Signal(object)  # LoadResult
     hardware_changed = Signal(object)  # Hardware
@@ -68,6 +74,46 @@ class Controller(QObject):
     quitting = Signal()
     notify = Signal(str, str)  # title, message: what the user should know now (the tray shows it)
 
+    prefs: Preferences
+    prefs_problem: str | None
+    catalog: LoadResult | None
+    hardware: hardware.Hardware | None
+    joined: Experiment | None
+    last_progress: Progress | None
+    worker_state: State | None
+    swarm: object | None
+    status: Status
+    log_entries: list[LogEntry]
+    invite_problems: dict[str, str]  # experiment id -> why its invite no longer works
+
+    def experiment(self, experiment_id: str) -> Experiment | None:
+        if self.catalog is None or self.catalog.catalog is None:
+            return None
+        return self.catalog.catalog.get(experiment_id)
+
+    def origin(self, experiment_id: str) -> str | None:
+        """The catalog URL the experiment came from (None: the catalog shipped with the app)."""
+        if self.catalog is None:
+            return joining.catalog_url()
+        return self.catalog.origins.get(experiment_id, joining.catalog_url())
+
+    def source_label(self, experiment_id: str) -> str | None:
+        """Who an experiment comes from, for experiments of an added source; None for the built-in one."""
+        if self.catalog is None:
+            return None
+        origin = self.catalog.origins.get(experiment_id)
+        state = next((s for s in self.catalog.sources if s.url == origin and not s.builtin), None)
+        return state.name or origin if state else None
+
+    def rank(self) -> tuple[int, int] | None:
+        """This volunteer's place on the joined swarm's leaderboard: (rank, volunteers), or None."""
+        peer_id = self.worker_state.peer_id if self.worker_state is not None else None
+        board = self.swarm.leaderboard if self.swarm is not None else []  # type: ignore[attr-defined]
+        place = next((i for i, c in enumerate(board, 1) if c.peer_id == peer_id), None)
+        return (place, len(board)) if place and peer_id else None
+
+
+class Controller(ControllerView):
     def __init__(self, bridge: Bridge, supervisor: Supervisor, *, prefs_path: Path | None = None,
                  stats_store=None, sampler: Sampler | None = None, parent: QObject | None = None):
         super().__init__(parent)
@@ -86,6 +132,7 @@ class Controller(QObject):
         self.last_progress: Progress | None = None
         self.worker_state: State | None = None
         self.last_error: Error | None = None
+        self.invite_problems: dict[str, str] = {}  # experiment id -> why its invite no longer works
         self.log_entries: list[LogEntry] = []
         self.status = Status("idle", "Not contributing: no experiment joined")
         self._data_server = None
@@ -199,10 +246,16 @@ class Controller(QObject):
         self.bridge.run(work, lambda where: self.note("INFO", f"Start at login {'on' if on else 'off'} ({where})"),
                         lambda exc: self.fail(exc, doing="Start at login"))
 
-    def store_token(self, experiment_id: str, token: str) -> None:
-        self.bridge.run(lambda: secrets.set_token(experiment_id, token),
-                        lambda _: self.note("INFO", f"Access token for {experiment_id} stored in the keyring"),
-                        lambda exc: self.fail(exc, doing="Storing the access token"))
+    def join_with_invite(self, experiment_id: str, code: str) -> None:
+        """Keep the invite code in the keyring (the worker redeems it), then join; a keyring that
+        cannot take it is shown and nothing is joined."""
+        def stored(_) -> None:
+            self.invite_problems.pop(experiment_id, None)
+            self.note("INFO", f"Invite code for {experiment_id} stored in the keyring")
+            self.join(experiment_id)
+
+        self.bridge.run(lambda: secrets.set_invite(experiment_id, code.strip()), stored,
+                        lambda exc: self.fail(exc, doing="Storing the invite code"))
 
     # ---- catalog sources -------------------------------------------------------------------------
 
@@ -225,26 +278,7 @@ class Controller(QObject):
         self.note("INFO", f"Removed the experiments of {removed.label()}")
         self.refresh_catalog()
 
-    def source_label(self, experiment_id: str) -> str | None:
-        """Who an experiment comes from, for experiments of an added source; None for the built-in one."""
-        if self.catalog is None:
-            return None
-        origin = self.catalog.origins.get(experiment_id)
-        state = next((s for s in self.catalog.sources if s.url == origin and not s.builtin), None)
-        return state.name or origin if state else None
-
     # ---- join / leave ----------------------------------------------------------------------------
-
-    def experiment(self, experiment_id: str) -> Experiment | None:
-        if self.catalog is None or self.catalog.catalog is None:
-            return None
-        return self.catalog.catalog.get(experiment_id)
-
-    def origin(self, experiment_id: str) -> str | None:
-        """The catalog URL the experiment came from (None: the catalog shipped with the app)."""
-        if self.catalog is None:
-            return joining.catalog_url()
-        return self.catalog.origins.get(experiment_id, joining.catalog_url())
 
     def join(self, experiment_id: str) -> bool:
         exp = self.experiment(experiment_id)
@@ -361,13 +395,6 @@ class Controller(QObject):
         self.swarm = summary
         self.swarm_changed.emit(summary)
 
-    def rank(self) -> tuple[int, int] | None:
-        """This volunteer's place on the joined swarm's leaderboard: (rank, volunteers), or None."""
-        peer_id = self.worker_state.peer_id if self.worker_state is not None else None
-        board = self.swarm.leaderboard if self.swarm is not None else []
-        place = next((i for i, c in enumerate(board, 1) if c.peer_id == peer_id), None)
-        return (place, len(board)) if place and peer_id else None
-
     def _on_state(self, event: State) -> None:
         if event.peer_id and (self.worker_state is None or self.worker_state.peer_id != event.peer_id):
             self.peer_id_changed.emit(event.peer_id)
@@ -387,6 +414,13 @@ class Controller(QObject):
     def _on_error(self, event: Error) -> None:
         self.last_error = event
         self.fail(event, source="worker")
+        joined = self.joined
+        if event.code in INVITE_ERRORS and joined is not None:
+            # retrying cannot help: only a new code from the organizer does
+            msg = user_message(event)
+            self.invite_problems[joined.id] = msg.line()
+            self.notify.emit(f"Invite for {joined.title}: {msg.title}", f"{msg.message} {msg.hint}".strip())
+            self.leave()
         self._update_status()
 
     def fail(self, error: object, *, doing: str = "", level: str = "ERROR", source: str = "app") -> None:

@@ -70,3 +70,29 @@ class FirstRunDialog(QDialog):
             "use_gpu": self.use_gpu.isChecked(),
             "start_at_login": self.start_at_login.isChecked(),
         })
+
+
+def first_run(controller, window) -> None:
+    """Ask for consent and first choices (over ``window``) once the catalog is known; then save them
+    and join the chosen experiment. Nothing when consent was given before."""
+    if controller.prefs.consent:
+        return
+
+    def ask(_result=None) -> None:
+        if controller.catalog is None:
+            return
+        controller.catalog_changed.disconnect(ask)
+        dialog = FirstRunDialog(controller.prefs, controller.catalog.catalog, window)
+
+        def accepted() -> None:
+            prefs = dialog.result_prefs(controller.prefs)
+            controller.save_prefs(prefs)
+            if prefs.experiment_id:
+                controller.join(prefs.experiment_id)
+
+        dialog.accepted.connect(accepted)
+        dialog.open()
+        window.first_run_dialog = dialog
+
+    controller.catalog_changed.connect(ask)
+    ask()

@@ -1,4 +1,5 @@
-"""``dedloc app``: the tray app. One instance per user; the window opens where no tray exists."""
+"""``dedloc app``: the tray app. One instance per user; the window opens where no tray exists.
+``dedloc app --window``: the window of the running tray app, in a process of its own (``app.remote``)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .tray import Tray
 
 if TYPE_CHECKING:
     from .window import MainWindow
+    from .windowhost import WindowHost
 
 logger = logging.getLogger(__name__)
 NO_TRAY = ("No system tray was found, so DeDLOC Volunteer runs in this window. Closing it quits the app "
@@ -29,8 +31,10 @@ NO_TRAY = ("No system tray was found, so DeDLOC Volunteer runs in this window. C
 
 
 class App:
-    """The parts of a running app, wired together (tests build one with ``build``). The window is
-    built the first time it is needed: an app started hidden in the tray never pays for it."""
+    """The parts of a running app, wired together (tests build one with ``build``). With a tray and
+    ``host`` (``dedloc app``), the window runs in a process of its own that exits when it closes, so
+    the tray stays light (``app.windowhost``); otherwise ``window`` is built here the first time it
+    is needed."""
 
     def __init__(self, qapp: QApplication, bridge: Bridge, supervisor: Supervisor, controller: Controller):
         self.qapp = qapp
@@ -38,6 +42,7 @@ class App:
         self.supervisor = supervisor
         self.controller = controller
         self.tray: Tray | None = None
+        self.host: WindowHost | None = None
         self._window: MainWindow | None = None
 
     @property
@@ -53,11 +58,19 @@ class App:
             self._window = window
         return self._window
 
-    def show_window(self) -> None:
+    def show_window(self, page: str | None = None) -> None:
+        if self.host is not None:
+            self.host.show(page)
+            return
         self.window.bring_up()
+        if page in self.window.pages:
+            self.window.show_page(page)
 
     def open_link(self, link: str) -> None:
         """An organizer's ``dedloc://add`` link: the window, at the Add experiments dialog."""
+        if self.host is not None:
+            self.host.show("Experiments", link)
+            return
         self.show_window()
         self.window.show_page("Experiments").open_add_dialog(link)
 
@@ -73,32 +86,20 @@ class App:
         self.qapp.exit(0)  # quit() would ask the windows, and the main window only hides
 
     def first_run(self) -> None:
-        """Ask for consent and first choices once the catalog is known."""
+        """Ask for consent and first choices once the catalog is known (in the window)."""
         if self.controller.prefs.consent:
             return
+        if self.host is not None:
+            self.show_window()  # the window process asks
+            return
+        from .firstrun import first_run
 
-        def ask(result=None) -> None:
-            self.controller.catalog_changed.disconnect(ask)
-            catalog = self.controller.catalog.catalog if self.controller.catalog else None
-            from .firstrun import FirstRunDialog
-
-            dialog = FirstRunDialog(self.controller.prefs, catalog, self.window)
-
-            def accepted() -> None:
-                prefs = dialog.result_prefs(self.controller.prefs)
-                self.controller.save_prefs(prefs)
-                if prefs.experiment_id:
-                    self.controller.join(prefs.experiment_id)
-
-            dialog.accepted.connect(accepted)
-            dialog.open()
-            self.first_run_dialog = dialog
-
-        self.controller.catalog_changed.connect(ask)
+        first_run(self.controller, self.window)
 
 
 def build(qapp: QApplication, *, prefs_path: Path | None = None, env: dict[str, str] | None = None,
-          tray: bool | None = None) -> App:
+          tray: bool | None = None, window_process: bool = False) -> App:
+    """The app's parts; ``window_process``: with a tray, the window runs in a process of its own."""
     bridge = Bridge(qapp)
     stats_store, recorder = _stats()
     supervisor = Supervisor(bridge, env=env, recorder=recorder)
@@ -106,7 +107,11 @@ def build(qapp: QApplication, *, prefs_path: Path | None = None, env: dict[str, 
     app = App(qapp, bridge, supervisor, controller)
     use_tray = QSystemTrayIcon.isSystemTrayAvailable() if tray is None else tray
     if use_tray:
-        app.tray = Tray(controller, app.show_window, app.quit)
+        app.tray = Tray(controller, lambda: app.show_window(), app.quit)
+        if window_process:
+            from .windowhost import WindowHost
+
+            app.host = WindowHost(controller, qapp)
     qapp.aboutToQuit.connect(lambda: controller.quit(lambda: None))
     return app
 
@@ -141,9 +146,14 @@ def setup_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dedloc app", description="The DeDLOC Volunteer tray app.")
     parser.add_argument("--hidden", action="store_true", help="start in the tray without opening the window")
+    parser.add_argument("--window", action="store_true", help="the running app's window (the tray starts it)")
     parser.add_argument("link", nargs="?", help="an organizer's dedloc://add link: open the Add experiments dialog")
     args = parser.parse_args(argv)
     setup_logging()
+    if args.window:
+        from .remote import main as window_main
+
+        return window_main()
     qapp = QApplication.instance() or QApplication(sys.argv[:1])
     qapp.setApplicationName("DeDLOC Volunteer")
     qapp.setQuitOnLastWindowClosed(False)
@@ -151,18 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     if instance.notify_running(link=args.link):
         print("DeDLOC Volunteer is already running: showing its window.")
         return 0
-    app = build(qapp)
-    instance.listen(app.show_window, app.open_link)
+    app = build(qapp, window_process=True)
+    instance.listen(app.show_window, app.open_link, app.host.attach if app.host is not None else None)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: app.bridge.post(app.quit))
     if app.tray is not None:
         app.tray.show()
-    if app.tray is None or not args.hidden or not app.controller.prefs.consent:
-        app.window.show()
+    if app.tray is None or not args.hidden:
+        app.show_window()
     app.first_run()
     app.controller.start()
     if args.link:
         app.open_link(args.link)
     code = qapp.exec()
+    if app.host is not None:
+        app.host.close()
     instance.close()
     return code

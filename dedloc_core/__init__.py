@@ -5,14 +5,16 @@ The code is organized in rooms, one package each, and a few shared light modules
 - ``engine/``: the worker process and everything that imports torch or hivemind (training, swarm,
   DiLoCo, hivemind patches, bandwidth caps, reachability, metrics, limits, the shard cache, recipes,
   the backbone's keeper, the self-test).
-- ``organizer/``: the backbone node (``dedloc backbone``), its HTTP server, the demo.
+- ``organizer/``: the backbone node (``dedloc backbone``), its HTTP server, the demo, the invites
+  of invite-only experiments (``dedloc invite``).
 - ``catalog/``: the signed experiment catalog: model, recipe names and parameter schemas, the shard
   model, signing and verifying, the last good copy, its CLI and child process.
 - ``policy/``: whether to contribute now (policy, sampler, contributor, hardware, idle sources).
 - ``stats/``: the local contribution statistics, their recorder and CLI, the swarm's summary.
 - shared light modules: ``errors`` (the exception tree), ``paths`` (user directories, shipped
   resources), ``protocol`` (app <-> worker messages), ``prefs`` (the user's preferences),
-  ``secrets`` (the OS keyring), ``joining`` (a ``start`` command from an experiment),
+  ``secrets`` (the OS keyring), ``invites`` (invite tokens: format, checks, redeem client),
+  ``joining`` (a ``start`` command from an experiment),
   ``autostart`` (start at login), ``workerproc`` (starting and stopping a worker, no Qt), ``cli``
   (the ``dedloc`` command).
 

@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(_DELEGATED[argv[0]]).main(argv[1:])
 
     from dedloc_core.catalog import cli as catalog_cli
+    from dedloc_core.organizer import invite_cli
 
     parser = argparse.ArgumentParser(prog="dedloc", description="DeDLOC Volunteer: lend your computer to "
                                      "open, collaborative deep-learning training.")
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("self-test", help="check this installation: hardware, a DHT on 127.0.0.1, a few training steps")
     sub.add_parser("stats", help="this computer's contribution totals (today, this week, all time)")
     catalog_cli.register(sub)
+    invite_cli.register(sub)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

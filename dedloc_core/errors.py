@@ -11,6 +11,7 @@ one::
      ├── RecipeError        unknown recipe or bad recipe parameters
      ├── WorkerError        the worker failed (training, swarm, resources)
      ├── SecretError        the OS keyring is missing or refused (``secrets``)
+     ├── InviteError        an invite code or token refused: invite_unknown, invite_expired, ... (``invites``)
      ├── AutostartError     the start-at-login entry cannot be written (``autostart``)
      ├── StatsError         the statistics file cannot be opened or read (``stats.db``)
      ├── SwarmUnavailable   the backbone's swarm summary cannot be fetched (``stats.swarmview``)

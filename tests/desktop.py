@@ -36,7 +36,9 @@ def xvfb(size: str = "1280x800x24", *, tray: bool = False) -> Iterator[str]:
     need("Xvfb", "xdpyinfo", *(("openbox", "trayer", "xdotool") if tray else ()))
     for _attempt in range(3):
         display = f":{_free_display()}"
-        proc = subprocess.Popen(["Xvfb", display, "-screen", "0", size, "-nolisten", "tcp"],
+        # -noreset: Xvfb otherwise resets when its last client leaves (the xdpyinfo probe) and refuses
+        # connections meanwhile; openbox or trayer starting then dies with "cannot open display"
+        proc = subprocess.Popen(["Xvfb", display, "-screen", "0", size, "-nolisten", "tcp", "-noreset"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and proc.poll() is None:
@@ -53,13 +55,18 @@ def xvfb(size: str = "1280x800x24", *, tray: bool = False) -> Iterator[str]:
         if tray:
             env = {**os.environ, "DISPLAY": display}
             quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-            procs.append(subprocess.Popen(["openbox"], **quiet))
-            procs.append(subprocess.Popen(["trayer", "--edge", "top", "--align", "right", "--widthtype",
-                                           "request", "--height", "24", "--transparent", "false"], **quiet))
+            commands = (["openbox"], ["trayer", "--edge", "top", "--align", "right", "--widthtype", "request",
+                                      "--height", "24", "--transparent", "false"])
+            tray_procs = [subprocess.Popen(c, **quiet) for c in commands]
+            procs.extend(tray_procs)
             deadline = time.monotonic() + 60
             while not _tray_shown(env):  # trayer maps its window once it owns the tray selection
                 if time.monotonic() > deadline:
                     raise RuntimeError("the tray host (trayer) did not come up")
+                for i, p in enumerate(tray_procs):
+                    if p.poll() is not None:  # died early: start it again
+                        tray_procs[i] = subprocess.Popen(commands[i], **quiet)
+                        procs.append(tray_procs[i])
                 time.sleep(0.2)
         yield display
     finally:

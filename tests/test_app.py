@@ -161,14 +161,17 @@ def test_second_launch_shows_the_first_window(qtbot):
 
     name = f"dedloc-test-{os.getpid()}-{time.monotonic_ns()}"
     first, shown, links = SingleInstance(name), [], []
-    assert first.listen(lambda: shown.append(True), links.append)
+    assert first.listen(shown.append, links.append)
     try:
         assert SingleInstance(name).notify_running()
         qtbot.waitUntil(lambda: bool(shown), timeout=5000)
         # `dedloc app dedloc://add?...` (the desktop's scheme handler) hands the link to the running app
         assert SingleInstance(name).notify_running(link="dedloc://add?url=https%3A%2F%2Fx%2Fc.json&key=k")
         qtbot.waitUntil(lambda: bool(links), timeout=5000)
-        assert links == ["dedloc://add?url=https%3A%2F%2Fx%2Fc.json&key=k"] and len(shown) == 1
+        assert links == ["dedloc://add?url=https%3A%2F%2Fx%2Fc.json&key=k"] and shown == [None]
+        assert SingleInstance(name).notify_running(page="Statistics")
+        qtbot.waitUntil(lambda: len(shown) == 2, timeout=5000)
+        assert shown[1] == "Statistics"
     finally:
         first.close()
     assert not SingleInstance(name).notify_running(timeout_ms=300)
@@ -456,3 +459,83 @@ def test_the_tray_tells_when_the_joined_experiment_ends_and_when_the_worker_keep
         app.supervisor._failed("The worker stopped unexpectedly (exit code 1).")
     assert app.tray.last_message[0] == "Training keeps stopping" and "3 times" in app.tray.last_message[1]
     app.supervisor._restart.stop()
+
+
+def test_the_window_in_its_own_process_mirrors_the_tray_and_sends_commands(qtbot, home):
+    """The window's side (``app.remote``) against a real tray app over its real single-instance socket
+    (both in this process, to reach their widgets): the window shows the tray's state and follows
+    it; Join, Leave and Save in the window are carried out by the tray's controller."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.instance import SingleInstance
+    from app.main import build
+    from app.remote import connect, open_window, when_ready
+
+    app = build(QApplication.instance(), tray=True, window_process=True)
+    app.controller.start()
+    app.controller.pause()  # no worker starts on Join: this test is about the window
+    qtbot.waitUntil(lambda: app.controller.catalog is not None and app.controller.hardware is not None,
+                    timeout=15000)
+    name = f"dedloc-test-{os.getpid()}-{time.monotonic_ns()}"
+    instance = SingleInstance(name)
+    assert instance.listen(app.show_window, app.open_link, app.host.attach)
+    try:
+        channel, opened = connect(name), []
+        assert channel is not None
+        closed: list[bool] = []
+        when_ready(channel, lambda state: opened.append(open_window(channel, state, lambda: closed.append(True))))
+        qtbot.waitUntil(lambda: bool(opened), timeout=10000)
+        window, remote = opened[0]
+        qtbot.waitUntil(lambda: window.isVisible(), timeout=5000)  # the tray's "show" came with the state
+        page = window.pages["Experiments"]
+        assert page.list.count() == len(app.controller.catalog.catalog.experiments) > 0
+        assert remote.status == app.controller.status and remote.hardware == app.controller.hardware
+        assert remote.idle_source_text() == app.controller.idle_source_text()
+
+        # Join in the window: the tray joins, and the window follows its state.
+        exp = next(e for e in app.controller.catalog.catalog.experiments if e.status == "active")
+        page.list.setCurrentRow(next(i for i in range(page.list.count()) if page.list.item(i).data(256) == exp.id))
+        page.join_selected()
+        qtbot.waitUntil(lambda: app.controller.joined is not None and remote.joined is not None, timeout=5000)
+        assert remote.joined.id == exp.id == app.controller.joined.id
+        qtbot.waitUntil(lambda: remote.status == app.controller.status, timeout=5000)
+        assert "Joined" in page.details.text() and app.supervisor.worker is None
+
+        # Preferences saved in the window are the tray's (and its file's).
+        form = window.pages["Contribution"]
+        form.widgets["upload_cap_kbs"].setValue(321)
+        assert form.save()
+        qtbot.waitUntil(lambda: app.controller.prefs.upload_cap_kbs == 321, timeout=5000)
+        qtbot.waitUntil(lambda: '"upload_cap_kbs": 321' in (home / "config" / "preferences.json").read_text()
+                        .replace('"upload_cap_kbs":321', '"upload_cap_kbs": 321'), timeout=5000)
+
+        # The tray's log reaches the window's Event log; Leave goes back to the tray.
+        app.controller.note("WARNING", "a note from the tray")
+        log = window.pages["Event log"]
+        qtbot.waitUntil(lambda: "a note from the tray" in log.visible_messages(), timeout=5000)
+        page.leave_button.click()
+        qtbot.waitUntil(lambda: app.controller.joined is None and remote.joined is None, timeout=5000)
+
+        # A second launch with a page shows that page; a malformed command is dropped, not fatal.
+        SingleInstance(name).notify_running(page="Statistics")
+        qtbot.waitUntil(lambda: window.stack.currentWidget() is window.pages["Statistics"], timeout=5000)
+        remote.channel.send("save_prefs", prefs={"idle_minutes": "soon"})
+        remote.channel.send("join")
+        remote.channel.socket.write(b"not json\n")
+        qtbot.wait(300)
+        assert app.controller.prefs.upload_cap_kbs == 321 and app.controller.joined is None
+
+        # Closing the window ends it (its process exits); so does the tray quitting.
+        window.close()
+        assert closed == [True]
+        app.host.close(timeout_ms=100)
+        qtbot.waitUntil(lambda: len(closed) == 2, timeout=5000)
+        window.hide()
+        remote.bridge.shutdown()
+    finally:
+        instance.close()
+    done = []
+    app.controller.quit(lambda: done.append(True))
+    qtbot.waitUntil(lambda: bool(done), timeout=60000)
+    app.bridge.shutdown()
+    app.tray.hide()

@@ -1,7 +1,7 @@
 """Bandwidth caps on the wire: three real workers train together, each in its own network
 namespace. Once the swarm runs, one peer gets upload and download caps (``set_limits``); its own
 veth then shows at most cap x 1.15 bytes per second sent and received over 60 s. After the caps
-are lifted (``set_limits`` with 0) the same peer goes above them (over 20 s), so the test can fail.
+are lifted (``set_limits`` with 0) the same peer goes above them over some 20 s within 90 s, so the test can fail.
 
 Why 60 s: the download cap paces what this peer reads, but a sender may push one stream's flow-control
 window (yamux, 256 KiB and more) and the TCP buffers ahead of the reader, and bytes of a round that ends
@@ -55,6 +55,24 @@ def prefill_cache(home: Path) -> None:
             shutil.copy(Path(corpus) / shard["name"], cache / shard["sha256"])
 
 
+def busiest(lab: netns_mini.Lab, peer: int, window: float, longest: float, above: float) -> float:
+    """The highest rate, sent or received, over any ``window`` seconds within ``longest`` seconds; it
+    stops as soon as one exceeds ``above`` (a loaded machine may need a while for a large round)."""
+    samples = [(time.monotonic(), *lab.counters(peer))]
+    best = 0.0
+    while samples[-1][0] - samples[0][0] < longest:
+        time.sleep(1.0)
+        samples.append((time.monotonic(), *lab.counters(peer)))
+        for t0, tx0, rx0 in samples:
+            t1, tx1, rx1 = samples[-1]
+            if t1 - t0 < window:
+                break
+            best = max(best, (tx1 - tx0) / (t1 - t0), (rx1 - rx0) / (t1 - t0))
+        if best > above:
+            break
+    return best
+
+
 def rate(lab: netns_mini.Lab, peer: int, seconds: float) -> tuple[float, float]:
     """(sent, received) bytes per second on peer ``peer``'s own veth over ``seconds``."""
     tx0, rx0 = lab.counters(peer)
@@ -101,12 +119,12 @@ def test_capped_peer_stays_under_its_caps_on_the_wire(tmp_path):
             capped_tx, capped_rx = rate(lab, 2, WINDOW)
             workers[2].send(SetLimits(limits=Limits(upload_bps=0, download_bps=0)))
             time.sleep(5)
-            free_tx, free_rx = rate(lab, 2, FREE_WINDOW)
+            free = busiest(lab, 2, FREE_WINDOW, 90.0, CAP * TOLERANCE)
         finally:
             for worker in workers:
                 worker.stop(timeout=20)
     print(f"cap {CAP / 1000:.0f} kB/s: capped sent {capped_tx / 1000:.1f} kB/s, received {capped_rx / 1000:.1f} kB/s;"
-          f" uncapped sent {free_tx / 1000:.1f} kB/s, received {free_rx / 1000:.1f} kB/s")
+          f" uncapped at most {free / 1000:.1f} kB/s over {FREE_WINDOW:.0f} s")
     assert capped_tx <= CAP * TOLERANCE and capped_rx <= CAP * TOLERANCE
-    assert max(free_tx, free_rx) > CAP * TOLERANCE, "without the cap the peer should exceed it"
+    assert free > CAP * TOLERANCE, "without the cap the peer should exceed it"
     assert min(capped_tx, capped_rx) > CAP * 0.2, "the capped peer should still take part"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import shutil
 import signal
@@ -261,3 +262,102 @@ def test_a_locked_database_delays_the_commit_and_loses_nothing(tmp_path, caplog)
     with StatsStore(path) as reader:
         assert reader.totals().samples == 96
     rec.close()
+
+
+QUIET_WORKER = """
+import sys, time
+from dedloc_core.protocol import Stats
+from dedloc_core.stats.recorder import StatsRecorder
+rec = StatsRecorder(sys.argv[1], "kill-test").start()  # the app's defaults
+time.sleep(0.3)
+rec.on_event(Stats(samples=8, compute_seconds=1.0, rounds=0, bytes_sent=0, bytes_received=0, paused_seconds=0.0))
+rec.flush()  # a commit (as on_event makes when one is due) ...
+rec.on_event(Stats(samples=16, compute_seconds=2.0, rounds=0, bytes_sent=0, bytes_received=0, paused_seconds=0.0))
+print("fed", flush=True)  # ... then one more event, and silence (the worker is in an averaging round)
+time.sleep(60)
+"""
+
+
+def test_kill_9_loses_at_most_the_last_2_seconds_of_events(tmp_path):
+    path = tmp_path / "s.db"
+    proc = subprocess.Popen([sys.executable, "-c", QUIET_WORKER, str(path)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "fed"
+        time.sleep(2.0)  # the event is 2 s old: a crash now must not lose it
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    with StatsStore(path) as store:
+        assert store.totals().samples == 16
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MB tmpfs (root only) and a function that fills it to the last byte (returns the filler)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+
+    def fill() -> Path:
+        filler = disk / "filler"
+        fd, size = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600), 65536
+        while size:
+            try:
+                os.write(fd, b"\0" * size)
+            except OSError:
+                size //= 2
+        os.close(fd)
+        return filler
+
+    try:
+        yield disk, fill
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_delays_the_commits_says_so_once_and_corrupts_nothing(small_disk, caplog):
+    caplog.set_level(logging.INFO, logger="dedloc_core.stats.recorder")
+    disk, fill = small_disk
+    clock = Clock(T0)
+    rec = StatsRecorder(StatsStore(disk / "s.db", threadsafe=True), "e", flush_interval=1.0, clock=clock)
+    rec.on_event(stats(8, 1.0))
+    assert rec.flush()
+    filler = fill()
+    for i in range(2, 12):  # ten seconds of a full disk, a commit tried each second
+        clock.t += 1
+        rec.on_event(stats(8 * i, float(i)))
+    assert not rec.flush()
+    assert caplog.text.count("Could not write statistics") == 1 and "disk is full" in caplog.text
+    filler.unlink()
+    clock.t += 1
+    rec.on_event(stats(8 * 12, 12.0))
+    assert "written to" in caplog.text and "again" in caplog.text
+    rec.close()
+    with StatsStore(disk / "s.db") as store:
+        assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert store.totals().samples == 96 and store.totals().cpu_seconds == pytest.approx(12.0)
+
+
+def test_opening_on_a_full_disk_keeps_the_rows_or_says_the_disk_is_full(small_disk):
+    disk, fill = small_disk
+    for name in ("s.db", "t.db"):
+        rec = StatsRecorder(StatsStore(disk / name, threadsafe=True), "e", flush_interval=1e9,
+                            clock=Clock(T0 - 40 * DAY))
+        rec.on_event(stats(80, 8.0))
+        rec.close()  # an hour row 40 days old: opening the store compacts it (a write)
+    reader = StatsStore(disk / "s.db", compact=False)  # an app already running: -wal and -shm exist
+    fill()
+    with StatsStore(disk / "s.db") as store:  # compaction fails; the store opens all the same
+        assert store.totals().samples == 80
+        assert store.db.execute("SELECT span FROM usage").fetchall() == [(HOUR,)]
+    before = (disk / "t.db").read_bytes()
+    for name in ("t.db", "new.db"):  # SQLite cannot make the -shm file: "disk I/O error"
+        with pytest.raises(StatsError, match="the disk is full") as caught:
+            StatsStore(disk / name)
+        assert "move it away" not in str(caught.value)
+    assert (disk / "t.db").read_bytes() == before
+    reader.close()  # (the last connection: its -wal and -shm go, which frees space)

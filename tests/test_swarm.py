@@ -122,3 +122,37 @@ def test_a_pause_that_lands_in_an_averaging_round_is_reported_at_once(spawn_work
     wait_until(peers, lambda: first.states[-1].state == "training", 10, "no training state after resume")
     wait_until(peers, lambda: first.stats.samples > held, 30, "no samples after resume")
     assert first.stats.samples <= held + 5 * 8, (held, first.stats.samples)
+
+
+FORK_COW = """
+import gc, multiprocessing as mp, sys
+from dedloc_core.engine import swarm
+
+def private_dirty_mb():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("Private_Dirty:")) / 1024
+
+def child(queue):
+    before = private_dirty_mb()
+    gc.collect()  # a full collection, as comes sooner or later in a DHT or averager process
+    queue.put(private_dirty_mb() - before)
+
+swarm.prepare_process()
+heap = [[object() for _ in range(10)] for _ in range(100_000)]  # about 60 MB of objects the GC tracks
+queue = mp.Queue()
+proc = mp.Process(target=child, args=(queue,))
+proc.start()
+print(queue.get(timeout=60))
+proc.join()
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "register_at_fork"), reason="needs os.register_at_fork")
+def test_a_forked_child_collecting_garbage_does_not_copy_the_inherited_heap():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FORK_COW], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    copied = float(out.stdout.split()[-1])
+    assert copied < 10, f"the child's collection copied {copied:.0f} MB of the parent's heap"

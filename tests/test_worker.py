@@ -315,7 +315,18 @@ def test_trains_pauses_within_a_second_resumes_and_stops_on_eof(spawn_worker, co
 
 
 def _descendants_while_training(worker: WorkerProcess, corpus_server) -> list[psutil.Process]:
-    start_training(worker, start_command(corpus_server, worker.home))
+    command = start_command(corpus_server, worker.home)
+    start_training(worker, command)
+    # Progress every progress_period (0.5 s) and at each new global step, not after every
+    # micro-batch (it was: a tuple compared with an int, 10-20 reports a second).
+    began = time.monotonic()
+    events = collect_until(worker, lambda e: time.monotonic() - began >= 3.0, 30)
+    samples = [e.samples for e in events if e.type == "stats"]
+    batches = (samples[-1] - samples[0]) // command.experiment["batch_size_per_step"] if samples else 0
+    progress = [e for e in events if e.type == "progress"]
+    epochs = len({p.local_epoch for p in progress})  # a new global step reports at once, too
+    assert len(progress) <= 3.0 / command.progress_period + epochs + 2, \
+        f"{len(progress)} progress events in 3 s ({batches} micro-batches, {epochs} global steps)"
     children = psutil.Process(worker.pid).children(recursive=True)
     found = [n.split(":", 1)[1] for n in names(children)]
     assert "p2pd" in found, found

@@ -161,7 +161,11 @@ class ExperimentsPage(QWidget):
             f"<p><b>Needs:</b> {escape(needs)}<br>{escape(fit)}</p>",
         ]
         if exp.needs_token:
-            rows.append("<p>This experiment needs an access token from its organizer.</p>")
+            rows.append("<p><b>Invite only.</b> Join asks for the invite code its organizer gave you.</p>")
+            problem = self.controller.invite_problems.get(exp.id)
+            if problem:
+                rows.append(f"<p><b>Your invite no longer works:</b> {escape(problem)} "
+                            "Ask the organizer for a new code, then Join again.</p>")
         if is_joined:
             rows.append(f"<p><b>Joined.</b> {escape(self.controller.status.text)}</p>")
             ws = self.controller.worker_state
@@ -198,15 +202,19 @@ class ExperimentsPage(QWidget):
                 self, "Join anyway?", f"This computer lacks {'; '.join(lacks)}. Join {exp.title} anyway?"
         ) != QMessageBox.StandardButton.Yes:
             return
+        code = ""
         if exp.needs_token:
-            token, ok = QInputDialog.getText(self, "Access token", f"The access token for {exp.title}:",
-                                             QLineEdit.EchoMode.Password)
-            if not ok or not token:
+            code, ok = QInputDialog.getText(
+                self, "Invite code", f"{exp.title} is invite-only.\nThe invite code {exp.organizer} gave you:",
+                QLineEdit.EchoMode.Normal)
+            if not ok or not code.strip():
                 return
-            self.controller.store_token(exp.id, token)
         if not self.controller.prefs.consent:
             self.controller.save_prefs(self.controller.prefs.model_copy(update={"consent": True}))
-        self.controller.join(exp.id)
+        if code:
+            self.controller.join_with_invite(exp.id, code)
+        else:
+            self.controller.join(exp.id)
 
 
 CONNECTION = {

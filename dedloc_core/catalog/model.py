@@ -6,6 +6,7 @@ Every rejection is a ``CatalogError`` whose ``code`` says why (the codes are lis
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Mapping
@@ -239,6 +240,10 @@ class Experiment(_Model):
     hardware: HardwareMinimums
     data: DataSource
     needs_token: bool = False
+    # invite-only (needs_token): the issuer's Ed25519 public key (base64 of 32 raw bytes) that signs the
+    # volunteers' tokens, and the backbone's HTTP root where codes are redeemed (``organizer/invites.py``)
+    invite_key: str | None = Field(default=None, max_length=64)
+    invite_url: str | None = Field(default=None, max_length=2048)
     status: Literal["active", "paused", "finished", "upcoming"]
     expires_at: AwareDatetime | None = None
     mode: Literal["sync", "diloco"] = "sync"
@@ -265,6 +270,17 @@ class Experiment(_Model):
                 details = "; ".join(f"recipe_params.{_loc(e['loc'])}: {e['msg']}" for e in cause.errors())
                 raise _fail("invalid_value" if kinds <= _BOUND_ERRORS else "invalid", details) from None
             raise _fail("invalid", f"recipe_params: {exc.message}") from None
+        if (self.invite_key or self.invite_url) and not self.needs_token:
+            raise _fail("invalid", "invite_key and invite_url belong to an invite-only experiment (needs_token)")
+        if self.invite_key is not None:
+            try:
+                raw = base64.b64decode(self.invite_key, validate=True)
+            except ValueError:
+                raw = b""
+            if len(raw) != 32:
+                raise _fail("invalid", "invite_key must be the base64 of a 32-byte Ed25519 public key")
+        if self.invite_url is not None:
+            _check_url(self.invite_url, "invite_url", relative_ok=False)
         if self.batch_size_per_step > self.target_batch_size:
             raise _fail("invalid_value", f"batch_size_per_step ({self.batch_size_per_step}) exceeds "
                                          f"target_batch_size ({self.target_batch_size})")

@@ -10,6 +10,8 @@ The code is organized as follows:
 - ``diloco``, ``delta_averaging``: low-communication training (DiLoCo) and its delta all-reduce.
 - ``hivemind_patches``: our named fixes and hooks on hivemind 1.1.12.
 - ``robust``: robust aggregation (NaN/inf parts dropped, centered clip) and bans of repeat offenders.
+- ``gate``: invite-only swarms: the DHT authorizer, the token registry, who ``admits`` a peer.
+- ``invited``: a volunteer's token for an invite-only experiment: redeem, renew at half life.
 - ``bandwidth``: the shared token buckets that cap this peer's p2p traffic.
 - ``reachability``: direct, via relay or outbound only; the dial-back service.
 - ``metrics``: signed per-peer metrics in the DHT (the leaderboard's source).

@@ -62,12 +62,21 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    average without it, and a peer that misses any reducer's results raises in
    ``AllReduceRunner.run`` before the next output (hivemind logged "received 54 % of input tensors" and went on, which
    merged two rounds in DiLoCo); every peer of the group then keeps its local state.
+8. ``invite-only averaging``: hivemind checks tokens only in the DHT (``TokenAuthorizerBase``, see
+   ``engine/gate.py``); its averagers answer anyone who knows the group key. When ``gate.active()``
+   (an invite-only experiment), ``Matchmaking.rpc_join_group`` (``averaging/matchmaking.py``) refuses
+   a follower without a valid token, ``_request_join_group`` does not ask a leader without one,
+   ``follower_assemble_group`` leaves a group that holds a peer without one, and
+   ``DecentralizedAverager.rpc_aggregate_part`` and ``rpc_download_state`` (``averaging/averager.py``)
+   refuse parts from and state downloads by such a peer. The checks read the tokens peers publish
+   in the DHT (``gate.admits``). With the gate off (open experiments) nothing changes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import multiprocessing as mp
 import os
 import signal
@@ -117,6 +126,7 @@ def install() -> None:
     _patch_p2pd_flags()
     _patch_task_references()
     _patch_robust_aggregation()
+    _patch_invite_gate()
 
 
 _alive: set = set()  # patch 6: tasks not done yet and MPFutures being awaited, in this process
@@ -498,3 +508,60 @@ def _patch_robust_aggregation() -> None:
 
     mm._check_reasons_to_reject = _check_reasons_to_reject
     mm._request_join_group = _request_join_group
+
+
+def _patch_invite_gate() -> None:
+    """Patch 8 (see the module docstring)."""
+    from hivemind.averaging import averager, matchmaking
+    from hivemind.p2p import P2PHandlerError
+    from hivemind.proto import averaging_pb2
+
+    from . import gate
+
+    mm = matchmaking.Matchmaking
+    join, request, assemble = mm.rpc_join_group, mm._request_join_group, mm.follower_assemble_group
+
+    async def rpc_join_group(self, request_msg, context):
+        if not await gate.admits(self.group_key_manager.dht, context.remote_id):
+            yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+            return
+        async for message in join(self, request_msg, context):
+            yield message
+
+    async def _request_join_group(self, leader):
+        if not await gate.admits(self.group_key_manager.dht, leader):
+            return None
+        return await request(self, leader)
+
+    async def follower_assemble_group(self, leader, msg):
+        for raw in msg.ordered_peer_ids:
+            peer = matchmaking.PeerID(raw)
+            if peer != self.peer_id and not await gate.admits(self.group_key_manager.dht, peer):
+                raise P2PHandlerError(f"the group of {leader} holds {peer}, who has no valid invite token")
+        return await assemble(self, leader, msg)
+
+    mm.rpc_join_group = rpc_join_group
+    mm._request_join_group = _request_join_group
+    mm.follower_assemble_group = follower_assemble_group
+
+    avg = averager.DecentralizedAverager
+    aggregate, download = avg.rpc_aggregate_part, avg.rpc_download_state
+
+    # hivemind builds its handlers from these functions' argument names and annotations: keep both
+    @functools.wraps(aggregate)
+    async def rpc_aggregate_part(self, stream, context):
+        if not await gate.admits(self.dht, context.remote_id):
+            yield averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
+            return
+        async for message in aggregate(self, stream, context):
+            yield message
+
+    @functools.wraps(download)
+    async def rpc_download_state(self, _request, _context):
+        if not await gate.admits(self.dht, _context.remote_id):
+            return
+        async for message in download(self, _request, _context):
+            yield message
+
+    avg.rpc_aggregate_part = rpc_aggregate_part
+    avg.rpc_download_state = rpc_download_state

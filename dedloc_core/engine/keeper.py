@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from hivemind.p2p import PeerID
 
-from . import metrics, robust, swarm
+from . import gate, metrics, robust, swarm
 from .diloco import DilocoOptimizer
 from .reachability import serve_dialback
 from .recipes import load_recipe
@@ -30,7 +31,7 @@ RECORD_PERIOD = 5.0  # seconds between reads of the peers' metrics
 
 
 def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Event, recorder,
-         write_ready: Callable[[dict], None]) -> None:
+         write_ready: Callable[[dict], None], issuer=None) -> None:
     """Join the swarm of ``exp`` as its keeper (``args``: the backbone's options) until ``stop``."""
     swarm.prepare_process()
     robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)
@@ -48,9 +49,19 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
         averaging_timeout=exp.averaging_timeout,
         relay_service=not args.no_relay,  # the backbone relays for volunteers behind NAT; they do not
     )
+    own_token = None
+    if issuer is not None:  # invite-only: the backbone is the issuer and holds a token of its own
+        identity = metrics.load_identity_key(cfg.identity_path)
+        with open(cfg.identity_path, "rb") as f:
+            peer_id = PeerID.from_identity(f.read()).to_base58()
+        gate.configure(exp.run_id, exp.invite_key)
+        holder = gate.TokenHolder(issuer.token_for(peer_id, "backbone"))
+        cfg.authorizer = gate.InviteAuthorizer(identity, holder)
     dht = swarm.start_dht(cfg)
     serve_dialback(dht)  # volunteers ask us whether we can reach them
-    metrics.add_validators(dht, exp.run_id)
+    subkey = metrics.add_validators(dht, exp.run_id)
+    if issuer is not None:
+        own_token = _OwnToken(issuer, peer_id, holder, lambda token: gate.publish(dht, token, subkey=subkey))
     keeper = _keeper(exp, args, dht, cfg, model, recipe)
     opt = keeper.opt
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -65,6 +76,8 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
     next_record = 0.0
     try:
         while not stop.wait(args.poll):
+            if own_token is not None:
+                own_token.renew_if_due()
             if keeper.catch_up():
                 logger.info("Caught up with global step %d", opt.local_epoch)
             if opt.local_epoch >= last_saved + args.checkpoint_every:
@@ -79,6 +92,22 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
         opt.shutdown()
         dht.shutdown()
         kill_children()
+
+
+class _OwnToken:
+    """The backbone's own token, re-issued at half life and published like a volunteer's."""
+
+    def __init__(self, issuer, peer_id: str, holder, publish):
+        self.issuer, self.peer_id, self.holder, self.publish = issuer, peer_id, holder, publish
+        self.due = time.monotonic() + issuer.lifetime / 2
+        publish(holder.get())
+
+    def renew_if_due(self) -> None:
+        if time.monotonic() >= self.due:
+            token = self.issuer.token_for(self.peer_id, "backbone")
+            self.holder.set(token)
+            self.publish(token)
+            self.due = time.monotonic() + self.issuer.lifetime / 2
 
 
 class Checkpoint:

@@ -8,6 +8,7 @@ Optimizer; ``averager_opts`` reach only the state averager.
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -59,6 +60,8 @@ class SwarmConfig:
     # background while the next accumulation computes; the result is applied one step late
     overlap: bool = False
     average_state_every: int = 1  # epochs between parameter averaging rounds (hivemind: 1)
+    # an invite-only experiment's DHT authorizer (gate.InviteAuthorizer), None for open ones
+    authorizer: object | None = None
 
 
 _process_prepared = False
@@ -70,7 +73,10 @@ def prepare_process() -> None:
 
     Memory tuning measured with ``bench/overhead.py``: every forked child (DHT, averagers) and the
     worker after building the Optimizer give the free pages of the C heap back to the OS
-    (``malloc_trim``), about 30 MB PSS of one peer's process tree.
+    (``malloc_trim``), about 30 MB PSS of one peer's process tree. Before each fork the objects alive
+    are frozen out of the garbage collector (``gc.freeze``, as the Python docs advise for fork without
+    exec): a full collection in the parent or a child wrote to every inherited object and copied the
+    whole shared heap, about 70 MB per process, minutes into a run (``bench/chaos.py``).
     """
     global _process_prepared
     mp.set_start_method("fork", force=True)
@@ -81,7 +87,7 @@ def prepare_process() -> None:
         return
     _process_prepared = True
     _load_libc()
-    os.register_at_fork(after_in_child=trim_heap)
+    os.register_at_fork(before=gc.freeze, after_in_child=trim_heap)
 
 
 class SayOnce(logging.Filter):
@@ -136,6 +142,8 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
     opts = dict(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                 announce_maddrs=cfg.announce_maddrs or None, identity_path=cfg.identity_path,
                 client_mode=cfg.client_mode)
+    if cfg.authorizer is not None:
+        opts["authorizer"] = cfg.authorizer
     opts.update(extra)
     return hivemind.DHT(start=True, **opts)
 

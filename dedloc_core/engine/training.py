@@ -22,7 +22,7 @@ from dedloc_core.catalog import Experiment
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
 
-from . import hivemind_patches, limits, metrics, reachability, robust, swarm
+from . import gate, hivemind_patches, invited, limits, metrics, reachability, robust, swarm
 from .channel import Control, EventChannel
 from .diloco import DilocoOptimizer
 from .reachability import RELAY_LOST, VIA_RELAY, only_loopback
@@ -50,7 +50,8 @@ class Session:
         self.rejoin = False  # set when this session ends only to start a fresh one (a lost relay)
         self.loss_ema: float | None = None
         self._window = (time.monotonic(), self.samples, self.compute_seconds)  # at the last progress
-        self._digest: tuple[int, list[float]] = (-1, [])
+        self._digest: tuple[tuple[int, int], list[float]] = ((-1, 0), [])  # ((epoch, resyncs), digest)
+        self._reported_epoch = -1  # the local epoch of the last progress report
         self._next_publish = 0.0
         self.on_gpu = False
 
@@ -96,9 +97,20 @@ class Session:
             average_state_every=exp.average_state_every,
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
+        if exp.needs_token:  # invite-only: a token from the backbone, checked by every peer (gate.py)
+            token, identity = invited.obtain(exp, cfg.identity_path)
+            gate.configure(exp.run_id, exp.invite_key)  # before hivemind forks the DHT and averagers
+            self.token_holder = gate.TokenHolder(token)
+            cfg.authorizer = gate.InviteAuthorizer(metrics.load_identity_key(cfg.identity_path), self.token_holder)
+        else:
+            gate.disable()
         self.dht, self.reachability = swarm.join_swarm(cfg)
         logger.info("Reachability: %s", self.reachability)
         self.public_key = metrics.add_validators(self.dht, exp.run_id)
+        if exp.needs_token:
+            gate.publish(self.dht, token, subkey=self.public_key)
+            self.renewer = invited.Renewer(exp, identity, self.token_holder,
+                                           lambda t: gate.publish(self.dht, t, subkey=self.public_key))
         if exp.mode == "diloco":
             self.optimizer = DilocoOptimizer(
                 self.dht, exp.run_id, self.model, self.recipe, exp.diloco, batch_size=self.batch_size,
@@ -127,6 +139,8 @@ class Session:
             self._state("stopping", "Leaving the swarm")
         if getattr(self, "_watchdog", None) is not None:
             self._watchdog.stop()
+        if getattr(self, "renewer", None) is not None:
+            self.renewer.stop()
         for obj in (self.optimizer, self.dht):
             if obj is not None:
                 try:
@@ -203,6 +217,8 @@ class Session:
             if self._watchdog.rejoined.is_set():
                 with watch:  # a state download: seconds on a slow link
                     self._reload_state()
+            if getattr(self, "renewer", None) is not None and self.renewer.failure is not None:
+                raise self.renewer.failure  # revoked: the worker's Error event says so
             if self._watchdog.relay_gone():
                 logger.warning("The relay reservation is gone and p2pd does not renew it: rejoining the swarm")
                 self.rejoin = True
@@ -222,7 +238,7 @@ class Session:
             if self._watchdog.relay_ok != self._relay_ok_reported:  # the relay went or came back
                 self._relay_ok_reported = self._watchdog.relay_ok
                 self._state("training", f"Training {self.experiment.recipe}")
-            if time.monotonic() >= next_report or opt.local_epoch != self._digest[0]:
+            if time.monotonic() >= next_report or opt.local_epoch != self._reported_epoch:
                 self._report()  # periodically, and at every new global step
                 next_report = time.monotonic() + self.start.progress_period
 
@@ -255,6 +271,7 @@ class Session:
     def _report(self) -> None:
         opt = self.optimizer
         now = time.monotonic()
+        self._reported_epoch = opt.local_epoch
         t0, s0, _ = self._window
         local_sps = (self.samples - s0) / max(now - t0, 1e-6)
         self._window = (now, self.samples, self.compute_seconds)

@@ -8,6 +8,9 @@ The code is organized as follows:
 - ``dashboard``: the backbone's public page at ``/`` (one self-contained HTML page polling
   ``swarm.json``: learning curve, leaderboard, the ``dedloc://add`` link for volunteers).
 - ``httpserve``: a small static HTTP server (files, bytes, callables, ranges).
+- ``invites``: the invites of an invite-only experiment (SQLite store, hashed codes) and the
+  issuer of tokens behind the backbone's ``/invite/redeem`` and ``/invite/renew``.
+- ``invite_cli``: ``dedloc invite keygen|create|list|revoke|redeem``.
 - ``demo``: ``dedloc demo``, a backbone and volunteer workers on loopback.
 
 Light at import: the standard library and the light rooms.

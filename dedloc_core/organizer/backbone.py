@@ -33,9 +33,10 @@ from pathlib import Path
 from dedloc_core import paths
 from dedloc_core.catalog import load_trusted_keys, public_key_line, verify_catalog
 from dedloc_core.errors import DedlocError, report, user_message
+from dedloc_core.invites import InviteError
 from dedloc_core.stats.swarmview import SwarmView
 
-from . import dashboard
+from . import dashboard, invites
 from .httpserve import FileServer
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not relay for volunteers behind NAT (they join outbound only)")
     p.add_argument("--contact", default="", metavar="TEXT",
                    help="how volunteers ask for an invite; shown on the dashboard for invite-only experiments")
+    p.add_argument("--token-lifetime", type=float, default=None, metavar="SECONDS",
+                   help="invite-only experiments: how long an issued token is valid (default 1800; renewed at half)")
     return p.parse_args(argv)
 
 
@@ -87,6 +90,7 @@ class Backbone:
         self.run_dir = args.run_dir or (paths.data_dir() / "backbone" / args.experiment)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.stop = threading.Event()
+        self.issuer: invites.Issuer | None = None  # set by run() for an invite-only experiment
 
     def _load_catalog(self) -> tuple[bytes, object, str]:
         """The signed catalog's bytes, our experiment, and the public key line that signed it."""
@@ -105,6 +109,7 @@ class Backbone:
 
     def run(self) -> int:
         catalog_bytes, exp, key_line = self._load_catalog()
+        self.issuer = self._issuer(exp) if exp.needs_token else None
         self.view = SwarmView.load(self.run_dir, exp.run_id)
         with ExitStack() as stack:
             http_url = None
@@ -124,16 +129,33 @@ class Backbone:
         if data_dir is None:
             data_dir = stack.enter_context(resources.as_file(paths.resource("corpus")))
         server.serve_dir("/data/", Path(data_dir))
+        if self.issuer is not None:  # invite-only: redeem codes, renew tokens (organizer/invites.py)
+            server.add("/invite/info", self.issuer.info)
+            server.add_post("/invite/redeem", lambda body: self.issuer.handle("redeem", body))
+            server.add_post("/invite/renew", lambda body: self.issuer.handle("renew", body))
         stack.enter_context(server)
         logger.info("Serving the catalog and data at %s", server.url)
         logger.info("Dashboard at %s", server.url)
         return server.url
 
+    def _issuer(self, exp) -> invites.Issuer:
+        """The token issuer of an invite-only experiment; its key must be the catalog's ``invite_key``."""
+        if not exp.invite_key:
+            raise InviteError("invite_unconfigured", f"{exp.id} is invite-only (needs_token) but its catalog entry "
+                                                     "has no invite_key: see `dedloc invite keygen`.")
+        key = invites.load_key(self.run_dir, os.environ.get(invites.PASSPHRASE_ENV))
+        lifetime = self.args.token_lifetime or invites.DEFAULT_LIFETIME
+        issuer = invites.Issuer(invites.InviteStore(self.run_dir), key, exp.run_id, lifetime)
+        if issuer.public_key_text != exp.invite_key:
+            raise InviteError("invite_unconfigured", f"{self.run_dir / invites.KEY_NAME} is not the key named by "
+                                                     f"the catalog's invite_key for {exp.id}.")
+        return issuer
+
     def _train_keeper(self, exp, http_url: str | None) -> None:
         from dedloc_core.engine import keeper  # torch and hivemind: only now, once the HTTP side is up
 
         keeper.keep(exp, self.args, self.run_dir, http_url, stop=self.stop,
-                    recorder=Recorder(self.run_dir, self.view), write_ready=self._write_ready)
+                    recorder=Recorder(self.run_dir, self.view), write_ready=self._write_ready, issuer=self.issuer)
 
     def _write_ready(self, info: dict) -> None:
         path = self.args.ready_file or (self.run_dir / "ready.json")

@@ -3,7 +3,8 @@
 ``FileServer`` maps URL paths to files, bytes or callables returning bytes, and can serve a
 directory under a prefix (no listings, no ``..``, no hidden files, no symlinks leading out). It
 answers GET and HEAD, single ``Range: bytes=…`` requests with 206 or 416, and records every
-request in ``requests`` so tests can check what a client asked for.
+request in ``requests`` so tests can check what a client asked for. ``add_post`` adds a POST endpoint
+(a callable given the request body, returning a status and a JSON body), the backbone's ``/invite/*``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ Source = Path | bytes | Callable[[], bytes]
 _CHUNK = 1 << 16
 _POLL_S = 0.05  # how long stop() may wait for the serving loop to notice
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_MAX_POST = 64 * 1024  # the largest POST body read
 _MAX_RECORDED = 10_000  # ``requests`` keeps the latest this many: a long-running backbone must not grow forever
 
 
@@ -125,6 +127,36 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self._serve(head=True)
 
+    def do_POST(self) -> None:
+        owner = self.server.owner
+        owner._record("POST", self.path, None)
+        try:
+            segments = _clean_segments(self.path)
+        except UnicodeDecodeError:
+            segments = None
+        handler = owner._posts.get("/" + "/".join(segments)) if segments is not None else None
+        if handler is None:
+            self._status_only(HTTPStatus.NOT_FOUND)
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or "-1")
+        except ValueError:
+            length = -1
+        if not 0 <= length <= _MAX_POST:
+            self._status_only(HTTPStatus.REQUEST_ENTITY_TOO_LARGE if length > _MAX_POST else HTTPStatus.LENGTH_REQUIRED)
+            return
+        try:
+            status, payload = handler(self.rfile.read(length))
+        except Exception:  # a handler failed: the client sees a 500, the log has the cause
+            logger.exception("POST %s failed", self.path)
+            self._status_only(HTTPStatus.INTERNAL_SERVER_ERROR)
+            return
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
     def _serve(self, *, head: bool) -> None:
         owner = self.server.owner
         range_header = self.headers.get("Range")
@@ -219,6 +251,7 @@ class FileServer:
         self._routes: dict[str, Source] = {}
         self._types: dict[str, str] = {}  # route path -> content type given to add()
         self._dirs: dict[str, Path] = {}
+        self._posts: dict[str, Callable[[bytes], tuple[int, bytes]]] = {}
         self._lock = threading.Lock()
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -239,6 +272,12 @@ class FileServer:
                 self._types.pop(key, None)
             else:
                 self._types[key] = content_type
+
+    def add_post(self, path: str, handler: Callable[[bytes], tuple[int, bytes]]) -> None:
+        """Answer ``POST path`` with ``handler(body) -> (status, JSON bytes)`` (bodies up to 64 KiB)."""
+        key = "/" + path.lstrip("/")
+        with self._lock:
+            self._posts[key] = handler
 
     def serve_dir(self, prefix: str, directory: Path) -> None:
         """Serve the regular, non-hidden files under ``directory`` at ``/prefix/…``."""

@@ -13,6 +13,8 @@ left untouched. Imports no torch, hivemind or Qt (the GUI process uses it).
 from __future__ import annotations
 
 import csv
+import logging
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -23,9 +25,12 @@ from pathlib import Path
 from dedloc_core import paths
 from dedloc_core.errors import DedlocError
 
+logger = logging.getLogger(__name__)
+
 HOUR = 3600
 DAY = 86400
 COMPACT_AFTER_DAYS = 30
+FULL_BELOW = 1 << 20  # bytes free under which an error opening the file is put down to a full disk
 COUNTERS = ("samples", "cpu_seconds", "gpu_seconds", "rounds", "bytes_sent", "bytes_received")
 
 # v1: one row per experiment and hour, compute not split by device, pauses without a reason.
@@ -153,10 +158,16 @@ class StatsStore:
             raise
         except sqlite3.DatabaseError as exc:
             self.db.close()
+            if _disk_full(self.path.parent):  # SQLite says "disk I/O error" when it cannot make its -shm file
+                raise StatsError(f"Cannot open the statistics file {self.path}: the disk is full. Free some "
+                                 "space; the file was left as it is.") from exc
             raise StatsError(f"Cannot open the statistics file {self.path}: {exc}. It was left as it is; "
                              "move it away to start new statistics.") from exc
         if compact:
-            self.compact(now=now)
+            try:
+                self.compact(now=now)
+            except sqlite3.Error as exc:  # a full disk: the rows stay as they are, folded next time
+                logger.warning("Could not compact the statistics in %s: %s", self.path, exc)
 
     # ---- schema ---------------------------------------------------------------------------------
 
@@ -315,6 +326,13 @@ def _where(since: float | None, until: float | None, experiment: str | None) -> 
         clauses.append("experiment = ?")
         args.append(experiment)
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
+
+
+def _disk_full(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < FULL_BELOW
+    except OSError:
+        return False
 
 
 def local_midnight(t: float) -> int:

@@ -1,0 +1,101 @@
+"""A volunteer's side of an invite-only experiment: get a token from the backbone and keep it fresh.
+
+``obtain`` reads the invite code and the last token from the keyring (``dedloc_core.secrets``), keeps
+that token if it still has over half its life, else renews it at the experiment's ``invite_url``
+(a member), else redeems the code (a newcomer). ``Renewer`` renews it at half life on a thread,
+hands it to the DHT and averagers (``gate.TokenHolder``), publishes it and stores it in the keyring;
+a refusal (revoked) ends the session with the backbone's ``InviteError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from dedloc_core import invites, secrets
+from dedloc_core.invites import InviteError
+
+from . import gate
+
+logger = logging.getLogger(__name__)
+
+
+def _fresh(claims: invites.Claims) -> bool:
+    return claims.remaining() > (claims.expires - claims.issued) / 2
+
+
+def obtain(exp, identity_path: str) -> tuple[str, object]:
+    """A valid token for this peer and the identity's private key (cryptography RSA)."""
+    if not exp.invite_key or not exp.invite_url:
+        raise InviteError("invite_unconfigured", f"The catalog entry of {exp.title!r} is invite-only but names "
+                                                 "no invite key or invite server.")
+    identity = invites.load_identity(Path(identity_path).read_bytes())
+    peer_id = invites.peer_id_of_der(invites.public_der(identity))
+    public_key = invites.load_public_key(exp.invite_key)
+    stored = secrets.get_token(exp.id)
+    if stored:
+        try:
+            claims = invites.verify(stored, public_key, exp.run_id, peer_id)
+            if _fresh(claims):
+                return stored, identity
+        except InviteError:
+            pass
+    token = None
+    try:
+        token = invites.renew(exp.invite_url, identity, exp.run_id)
+    except InviteError as exc:
+        if exc.code != "invite_unknown":  # revoked, unreachable: say so
+            raise
+    if token is None:
+        code = secrets.get_invite(exp.id)
+        if not code:
+            raise InviteError("invite_missing", f"{exp.title} is invite-only and no invite code is stored for it.")
+        token = invites.redeem(exp.invite_url, code, identity, exp.run_id)
+    invites.verify(token, public_key, exp.run_id, peer_id)  # the server must give us what we asked for
+    secrets.set_token(exp.id, token)
+    return token, identity
+
+
+class Renewer:
+    """Renews this peer's token at half life (and retries every few seconds if the server is down)."""
+
+    def __init__(self, exp, identity, holder: gate.TokenHolder, publish):
+        self.exp, self.identity, self.holder, self.publish = exp, identity, holder, publish
+        self.public_key = invites.load_public_key(exp.invite_key)
+        self.failure: InviteError | None = None  # set when the backbone refuses: the session ends
+        self.renewals = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="token-renewer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            claims = invites.read(self.holder.get(), self.public_key)
+            half = (claims.expires - claims.issued) / 2
+            if self._stop.wait(max(0.0, claims.remaining() - half)):
+                return
+            try:
+                token = invites.renew(self.exp.invite_url, self.identity, self.exp.run_id)
+                invites.verify(token, self.public_key, self.exp.run_id, claims.peer_id)
+            except InviteError as exc:
+                if exc.code in ("invite_unreachable",):
+                    logger.warning("Token renewal failed, retrying: %s", exc.message)
+                    self._stop.wait(min(5.0, max(0.5, claims.remaining() / 4)))
+                    continue
+                logger.error("Token renewal refused: %s", exc.message)
+                self.failure = exc
+                return
+            self.holder.set(token)
+            self.publish(token)
+            self.renewals += 1
+            try:
+                secrets.set_token(self.exp.id, token)
+            except secrets.SecretError as exc:  # the token in memory still works until it expires
+                logger.warning("%s", exc.message)
+            logger.info("Access token renewed (valid %.0f s)", invites.read(token, self.public_key).remaining())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+

@@ -1,0 +1,154 @@
+"""Invited volunteers end to end: a real ``dedloc backbone`` issuing tokens (lifetime 6 s), real
+workers that read their invite code from a real Secret Service (gnome-keyring in a private D-Bus
+session, as in LAB.md), redeem it over the backbone's HTTP endpoint, train, renew their tokens
+during the test and keep averaging across the renewals; a revoked one stops with invite_revoked,
+one without a code with invite_missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+from conftest import start_command, tiny_experiment
+from swarmpeer import SwarmPeer, start_backbone, wait_until
+
+pytestmark = pytest.mark.skipif(not (shutil.which("dbus-daemon") and shutil.which("gnome-keyring-daemon")),
+                                reason="needs dbus-daemon and gnome-keyring-daemon (LAB.md)")
+
+
+@pytest.fixture
+def secret_service(monkeypatch, tmp_path):
+    """A private session bus with an unlocked gnome-keyring; the test and its workers use it."""
+    import keyring
+    from keyring.backends import SecretService
+
+    bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    address = bus.stdout.readline().strip()
+    # its own keyring directory: a login keyring left in ~ with another password stays locked
+    data = tmp_path / "keyring-data"
+    data.mkdir()
+    env = {**os.environ, "DBUS_SESSION_BUS_ADDRESS": address, "XDG_RUNTIME_DIR": str(tmp_path),
+           "XDG_DATA_HOME": str(data)}
+    daemon = subprocess.Popen(["gnome-keyring-daemon", "--foreground", "--unlock", "--components=secrets"],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    daemon.stdin.write(b"pw")
+    daemon.stdin.close()
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", address)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    previous = keyring.get_keyring()
+    keyring.set_keyring(SecretService.Keyring())
+    try:
+        from dedloc_core import secrets
+
+        deadline = time.monotonic() + 60  # the daemon takes the bus name in a moment (seconds on a busy CI)
+        while True:
+            try:
+                secrets.set_invite("probe", "x")  # a write: reading works before the collection is unlocked
+                secrets.delete_invite("probe")
+                break
+            except secrets.SecretError as exc:
+                if time.monotonic() > deadline or daemon.poll() is not None:
+                    raise AssertionError(f"gnome-keyring did not serve the session bus: {exc}") from exc
+                time.sleep(0.2)
+        yield
+    finally:
+        keyring.set_keyring(previous)
+        for proc in (daemon, bus):
+            proc.kill()
+            proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+RENEWED = "Access token renewed"
+
+
+@pytest.mark.slow
+def test_invited_volunteers_redeem_train_and_renew(secret_service, tmp_path, monkeypatch, spawn_worker,
+                                                   corpus_server):
+    from dedloc_core import secrets
+    from dedloc_core.organizer import invites as org
+
+    monkeypatch.setenv("DEDLOC_INVITE_PASSPHRASE", "pw")
+    monkeypatch.setenv("DEDLOC_TEST_LOG_LEVEL", "INFO")
+    key = org.generate_key(tmp_path / "backbone", "pw")
+    port = free_port()
+    gated = dict(id="gated-test", run_id="gated_test", needs_token=True, invite_key=key,
+                 invite_url=f"http://127.0.0.1:{port}/", target_batch_size=64)
+    exp = tiny_experiment(**gated)
+    code, _ = org.InviteStore(tmp_path / "backbone").create(uses=2, note="two volunteers")
+    secrets.set_invite(exp["id"], code)
+    backbone, ready, _ = start_backbone(exp, tmp_path, http=True,
+                                        extra=("--http-port", str(port), "--token-lifetime", "6"))
+    try:
+        peers = []
+        for i in range(2):
+            worker = spawn_worker(f"v{i}")
+            assert worker.send(start_command(corpus_server, worker.home, initial_peers=ready["maddrs"], seed=i,
+                                             **gated))
+            peer = SwarmPeer(worker)
+            peer.name = f"v{i}"
+            peers.append(peer)
+
+        def renewals(peer) -> int:
+            return (peer.worker.home / "worker.log").read_text().count(RENEWED)
+
+        wait_until(peers, lambda: all(p.rounds >= 1 for p in peers), 240, "the invited volunteers did not average")
+        wait_until(peers, lambda: all(renewals(p) >= 2 for p in peers), 120, "the tokens were not renewed")
+        after = [p.rounds for p in peers]
+        wait_until(peers, lambda: all(p.rounds >= r + 2 for p, r in zip(peers, after, strict=True)), 120,
+                   "the volunteers stopped averaging after their tokens were renewed")
+        assert org.InviteStore(tmp_path / "backbone").list()[0].used == 2
+
+        # revoke the second volunteer: its next renewal is refused and it stops, saying why
+        victim = next(s.peer_id for s in peers[1].states if s.peer_id)
+        org.InviteStore(tmp_path / "backbone").revoke(victim)
+        for _ in range(300):
+            peers[1].drain()
+            if peers[1].errors:
+                break
+            time.sleep(0.1)
+        assert [e.code for e in peers[1].errors] == ["invite_revoked"], peers[1].errors
+        assert peers[1].errors[0].fatal and "revoked" in peers[1].errors[0].message
+        kept = peers[0].rounds
+        wait_until(peers[:1], lambda: peers[0].rounds >= kept + 1 or renewals(peers[0]) >= 6, 60,
+                   "the remaining volunteer stopped")
+        assert "Refused peer" not in (tmp_path / "backbone.log").read_text()  # no invited peer was refused
+    finally:
+        backbone.terminate()
+        backbone.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_volunteer_without_a_code_is_told_so(secret_service, tmp_path, monkeypatch, spawn_worker, corpus_server):
+    from dedloc_core.organizer import invites as org
+
+    monkeypatch.setenv("DEDLOC_INVITE_PASSPHRASE", "pw")
+    key = org.generate_key(tmp_path / "backbone", "pw")
+    port = free_port()
+    issuer = org.Issuer(org.InviteStore(tmp_path / "backbone"), org.load_key(tmp_path / "backbone", "pw"), "gated_test")
+    from dedloc_core.organizer.httpserve import FileServer
+
+    server = FileServer(port=port)
+    server.add_post("/invite/renew", lambda body: issuer.handle("renew", body))
+    with server:
+        worker = spawn_worker("nocode")
+        assert worker.send(start_command(corpus_server, worker.home, id="gated-nocode", run_id="gated_test",
+                                         needs_token=True, invite_key=key, invite_url=server.url))
+        peer = SwarmPeer(worker)
+        for _ in range(600):
+            peer.drain()
+            if peer.errors:
+                break
+            time.sleep(0.1)
+    assert [(e.code, e.fatal) for e in peer.errors] == [("invite_missing", True)]
+    assert "invite code" in peer.errors[0].message and peer.errors[0].hint
