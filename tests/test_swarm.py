@@ -80,6 +80,12 @@ def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, 
     for peer in everyone:
         peer.drain()
     joined_at = max(first.step, second.step)
+    # It loaded the swarm's state while joining, before it computed a gradient: not at its first
+    # step, which hivemind then throws away (before the fix it said "training" with epoch 0's state).
+    said = [(s.state, s.reason) for s in newcomer.states]
+    loading = next((i for i, (_, reason) in enumerate(said) if reason.startswith("Loading the swarm's state")), None)
+    assert loading is not None, f"the newcomer did not load the swarm's state while joining: {said}"
+    assert said[loading][0] == "joining" and loading < [s for s, _ in said].index("training"), said
     # With overlap (the catalog's default) a step's update lands one step late, and the state the
     # newcomer downloads may already hold the update its epoch label does not count yet: the first
     # shared epoch can differ by that one update, the following ones match.

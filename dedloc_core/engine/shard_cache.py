@@ -20,6 +20,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -35,7 +36,9 @@ try:
 except ImportError:  # Windows: the worker does not run there; threads still take turns
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Progress", "Shard", "ShardCache", "resolve_url"]
+__all__ = ["Progress", "Shard", "ShardCache", "fetch_in_background", "resolve_url"]
+
+DEFAULT_CACHE_BYTES = 2 * 2**30  # DEDLOC_CACHE_BYTES overrides
 
 logger = logging.getLogger(__name__)
 
@@ -361,3 +364,21 @@ def _stamp(info: os.stat_result) -> str:
 def _touch(path: Path) -> None:
     now = time.time_ns()
     os.utime(path, ns=(now, now))
+
+
+def fetch_in_background(shards: Sequence[Shard], base_url: str | None) -> Future:
+    """``fetch_all`` into the worker's cache on a thread (the worker imports torch and hivemind
+    meanwhile): a future of the local paths; ``result()`` raises what the fetch raised."""
+    from dedloc_core import paths
+
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            limit = int(os.environ.get("DEDLOC_CACHE_BYTES", DEFAULT_CACHE_BYTES))
+            future.set_result(ShardCache(paths.cache_dir() / "shards", max_bytes=limit).fetch_all(shards, base_url))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the data
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="fetch-data", daemon=True).start()
+    return future

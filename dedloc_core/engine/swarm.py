@@ -176,7 +176,7 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
         client_mode=dht.client_mode,
         grad_compression=_compression(cfg.grad_compression),
         state_averaging_compression=Float16Compression(),
-        grad_averager_factory=partial(GradientAverager, request_timeout=1.0, **grad_opts),
+        grad_averager_factory=partial(StatelessGradientAverager, request_timeout=1.0, **grad_opts),
         averager_opts=averager_opts,
         **overlap_options(cfg),
         tracker_opts=dict(
@@ -203,6 +203,16 @@ def _compression(name: str):
     from hivemind.compression import NoCompression, Uniform8BitQuantization
 
     return {"none": NoCompression, "fp16": Float16Compression, "8bit": Uniform8BitQuantization}[name]()
+
+
+class StatelessGradientAverager(GradientAverager):
+    """A GradientAverager that downloads no state: ``hivemind.Optimizer.load_state_from_peers`` asks
+    the gradient averager for a peer's accumulated gradients too, then throws them away (it resets
+    its own). For a newcomer that was a second download as large as the parameters, after the state
+    it needs, and 2 s per peer that did not answer in time (seen in ``bench/join_time.py``)."""
+
+    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
+        return None
 
 
 class _PacedEvent(threading.Event):

@@ -22,6 +22,7 @@ from dedloc_core.errors import EXIT_EXPLAINED, EXIT_UNEXPECTED, DedlocError, Wor
 from dedloc_core.protocol import Error, Hello, Start, State, Stop
 
 from .channel import Control, EventChannel, EventLogHandler, read_commands
+from .shard_cache import fetch_in_background
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +61,19 @@ def run(control: Control, channel: EventChannel) -> int:
         if isinstance(command, Start):
             break
     try:
-        check_experiment(command.experiment)  # fail fast, before loading torch and hivemind
-        from .training import Session  # imports torch and hivemind
+        experiment = check_experiment(command.experiment)  # fail fast, before loading torch and hivemind
+        channel.send(State(state="preparing", reason=f"Fetching data for {experiment.title}"))
+        shards = fetch_in_background(experiment.data.shards, command.data_base_url or experiment.data.base_url)
+        from .training import Session  # imports torch and hivemind (seconds) while the data comes
 
         carried = None
         while True:
-            with Session(command, control, channel, carried) as session:
+            with Session(command, control, channel, carried, shards=shards) as session:
                 session.train()
             if not session.rejoin or control.stop.is_set():
                 break
             carried = session.totals()  # a fresh session: a new p2pd, the swarm's current state
+            shards = None
             command = command.model_copy(update={"start_paused": False})
         channel.send(State(state="stopped", reason="Stopped"))
         return 0
@@ -90,8 +94,8 @@ def _fatal(channel: EventChannel, exc: BaseException, exit_code: int) -> int:
     return exit_code
 
 
-def check_experiment(experiment: dict) -> None:
-    """Raise ``WorkerError(code="bad_experiment")`` unless ``experiment`` is a valid catalog entry.
+def check_experiment(experiment: dict):
+    """The ``Experiment``; raise ``WorkerError(code="bad_experiment")`` unless it is a valid catalog entry.
 
     The Session checks it again; this check only spares a bad experiment the seconds (and hundreds
     of MB) of importing torch and hivemind before it is reported."""
@@ -100,7 +104,7 @@ def check_experiment(experiment: dict) -> None:
     from dedloc_core.catalog import Experiment
 
     try:
-        Experiment.model_validate_json(json.dumps(experiment))
+        return Experiment.model_validate_json(json.dumps(experiment))
     except ValueError as exc:
         raise WorkerError(f"The experiment description is invalid: {exc}", code="bad_experiment") from exc
 
