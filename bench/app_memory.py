@@ -30,7 +30,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.desktop import xvfb  # noqa: E402
+from tests.desktop import stop, xvfb  # noqa: E402
 
 PAGES = ["Experiments", "Contribution", "Statistics", "This computer", "Event log"]
 
@@ -91,11 +91,7 @@ def main() -> int:
             assert app.poll() is None, "closing the window quit the app"
             row("back in the tray, 20 s later")
         finally:
-            app.terminate()
-            try:
-                app.wait(30)
-            except subprocess.TimeoutExpired:
-                app.kill()
+            stop(app, 30)
             shutil.rmtree(home, ignore_errors=True)
     print(f"{'stage':<34} {'tray RSS':>9} {'tray PSS':>9} {'window RSS':>11} {'window PSS':>11}  (MB)")
     for name, rss, pss, wrss, wpss in rows:

@@ -39,7 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from pause_latency import CpuMeter, percentile  # noqa: E402
 
-from tests.desktop import xdotool, xvfb  # noqa: E402
+from tests.desktop import stop, xdotool, xvfb  # noqa: E402
 
 AWAY_S = 30.0  # prefs.idle_minutes = 0.5, the least the preferences allow
 ROUND_WORDS = ("optimizer step", "Averag", "averag", "matchmaking", "group")
@@ -165,12 +165,7 @@ def run_app(display: str, env: dict, trials: int, log) -> list[tuple[str, bool, 
             main.close()
             tree.close()
     finally:
-        app.terminate()
-        try:
-            app.wait(60)
-        except subprocess.TimeoutExpired:
-            app.kill()
-            app.wait()
+        stop(app, 60)
     return rows
 
 
@@ -211,11 +206,7 @@ def main(argv=None) -> int:
     finally:
         if helper is not None:
             helper.stop(timeout=20)
-        backbone.terminate()
-        try:
-            backbone.wait(60)
-        except subprocess.TimeoutExpired:
-            backbone.kill()
+        stop(backbone, 60)
     latencies = [r[2] for r in rows]
     for name, pick in (("first after joining", lambda r: r[0] == "first"), ("in a round or step", lambda r: r[1]),
                        ("while training", lambda r: not r[1])):

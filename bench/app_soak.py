@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from dedloc_core.catalog import Catalog, generate_keypair, load_private_key, public_key_line, sign_catalog  # noqa: E402
 from dedloc_core.organizer.httpserve import FileServer  # noqa: E402
 from dedloc_core.stats.db import StatsStore  # noqa: E402
-from tests.desktop import xvfb  # noqa: E402
+from tests.desktop import stop, xvfb  # noqa: E402
 
 BATCH = 2
 SIMULATED_DAY = 86_400  # micro-batches: one a second at the default progress period of 1 s
@@ -131,11 +131,7 @@ def main() -> int:
                     print(f"{row[0]:7.0f} s  {row[1]:9d} micro-batches  {row[1] / SIMULATED_DAY:6.2f} sim. days  "
                           f"GUI RSS {row[2]:6.1f} MB", flush=True)
             finally:
-                app.terminate()
-                try:
-                    app.wait(60)
-                except subprocess.TimeoutExpired:
-                    app.kill()
+                stop(app, 60)
                 shutil.rmtree(work, ignore_errors=True)
     fitted = [(b, rss) for t, b, rss in samples if t >= warmup * 60]
     if len(fitted) < 3 or fitted[-1][0] == fitted[0][0]:

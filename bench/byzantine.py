@@ -20,8 +20,8 @@ it sends to every reducer:
 - ``noise``: Gaussian noise with the norm of its gradient (per tensor), in place of the gradient.
 
 Its own reducer runs the product's code (it reduces its share of the parts honestly, as with any
-peer running our client); a hostile reducer that returns garbage averages is not covered by
-CenteredClip (see bench/README.md).
+peer running our client). A hostile reducer's NaN/inf averages fail the round (patch 7); its finite
+garbage averages are not covered (see bench/README.md).
 
 Lockstep, so that every configuration sees the same data and the same number of steps: the target
 batch is one micro-batch (``--batch``) and the peers pass a barrier after each micro-batch's backward

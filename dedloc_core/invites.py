@@ -164,31 +164,39 @@ def peer_id_of_der(der: bytes) -> str:
 
 
 def load_identity(data: bytes):
-    """The RSA private key of a libp2p identity file as hivemind writes it (crypto.pb.PrivateKey)."""
+    """The RSA private key of a libp2p identity file as hivemind writes it (crypto.pb.PrivateKey);
+    ValueError if it is not one."""
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
 
     pos, key_type, der = 0, 0, None
-    while pos < len(data):
-        tag = data[pos]
-        pos += 1
-        if tag == 0x08:
-            key_type = data[pos]
+    try:
+        while pos < len(data):
+            tag = data[pos]
             pos += 1
-        elif tag == 0x12:
-            length, shift = 0, 0
-            while True:
-                byte = data[pos]
+            if tag == 0x08:
+                key_type = data[pos]
                 pos += 1
-                length |= (byte & 0x7F) << shift
-                shift += 7
-                if not byte & 0x80:
-                    break
-            der, pos = data[pos:pos + length], pos + length
-        else:
-            raise ValueError("not a libp2p identity file")
+            elif tag == 0x12:
+                length, shift = 0, 0
+                while True:
+                    byte = data[pos]
+                    pos += 1
+                    length |= (byte & 0x7F) << shift
+                    shift += 7
+                    if not byte & 0x80:
+                        break
+                der, pos = data[pos:pos + length], pos + length
+            else:
+                raise ValueError("not a libp2p identity file")
+    except IndexError:
+        raise ValueError("the identity file is cut short") from None
     if key_type != 0 or der is None:
         raise ValueError("the identity holds no RSA key")
-    return serialization.load_der_private_key(der, password=None)
+    try:
+        return serialization.load_der_private_key(der, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise ValueError(f"the identity's key does not load: {exc}") from None
 
 
 def public_der(private_key) -> bytes:

@@ -71,12 +71,17 @@ def xvfb(size: str = "1280x800x24", *, tray: bool = False) -> Iterator[str]:
         yield display
     finally:
         for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop(p, 5)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Terminate ``proc``; kill it if it has not exited within ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _tray_shown(env: dict[str, str]) -> bool:

@@ -23,20 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from PySide6.QtCore import Qt, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication, QInputDialog  # noqa: E402
-from screens_app import pump, shoot, wait_until  # noqa: E402
+from screens_app import pump, shoot, start_app, wait_until  # noqa: E402
 
-from app.main import build  # noqa: E402
 from dedloc_core import secrets  # noqa: E402
 
 
 def main() -> int:
     out, experiment, code, run_dir = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     out.mkdir(parents=True, exist_ok=True)
-    qapp = QApplication(sys.argv[:1])
-    qapp.setQuitOnLastWindowClosed(False)
-    app = build(qapp)
-    if app.tray is not None:
-        app.tray.show()
+    app = start_app()
     notes: list[list[str]] = []
     app.controller.notify.connect(lambda title, message: notes.append([title, message]))
     app.controller.start()

@@ -20,21 +20,15 @@ os.environ["QT_QPA_PLATFORM"] = "xcb"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from PySide6.QtWidgets import QApplication  # noqa: E402
-from screens_app import pump, shoot, wait_until  # noqa: E402
+from screens_app import pump, shoot, start_app, wait_until  # noqa: E402
 
-from app.main import build  # noqa: E402
 from dedloc_core.stats.swarmview import SwarmUnavailable, fetch_summary  # noqa: E402
 
 
 def main() -> int:
     out, link, experiment = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     out.mkdir(parents=True, exist_ok=True)
-    qapp = QApplication(sys.argv[:1])
-    qapp.setQuitOnLastWindowClosed(False)
-    app = build(qapp)
-    if app.tray is not None:
-        app.tray.show()
+    app = start_app()
     app.controller.start()
     wait_until(lambda: app.controller.catalog is not None, 60, "the catalog")
     app.open_link(link)  # what `dedloc app dedloc://add?...` does in the running app

@@ -51,15 +51,25 @@ def shoot(out: Path, name: str) -> str:
     return path.name
 
 
-def main() -> int:
-    out, experiment = Path(sys.argv[1]), sys.argv[2]
-    out.mkdir(parents=True, exist_ok=True)
+_qapps: list[QApplication] = []  # held here: the scripts replace app.qapp to catch the exit
+
+
+def start_app():
+    """The app as ``dedloc app`` builds it (window hidden, tray shown), its controller not started."""
     qapp = QApplication(sys.argv[:1])
     qapp.setQuitOnLastWindowClosed(False)
-    tray_available = QSystemTrayIcon.isSystemTrayAvailable()
+    _qapps.append(qapp)
     app = build(qapp)
     if app.tray is not None:
         app.tray.show()
+    return app
+
+
+def main() -> int:
+    out, experiment = Path(sys.argv[1]), sys.argv[2]
+    out.mkdir(parents=True, exist_ok=True)
+    app = start_app()
+    tray_available = QSystemTrayIcon.isSystemTrayAvailable()
     app.controller.start()
     wait_until(lambda: app.controller.catalog is not None and app.controller.hardware is not None, 60,
                "the catalog and the hardware probe")

@@ -8,27 +8,20 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import tiny_experiment
-from desktop import need, xvfb
+from desktop import need, stop, xvfb
 from swarmpeer import start_backbone
-from test_invite_worker import secret_service  # noqa: F401 - the fixture
+from test_invite_worker import free_port, secret_service  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENS = ROOT / "artifacts" / "screens"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(900)
@@ -70,9 +63,4 @@ def test_join_asks_for_the_code_keeps_it_in_the_keyring_and_shows_a_revoked_invi
         for name in seen["saved"]:
             assert (SCREENS / name).stat().st_size > 5000
     finally:
-        backbone.terminate()
-        try:
-            backbone.wait(60)
-        except subprocess.TimeoutExpired:
-            backbone.kill()
-            backbone.wait()
+        stop(backbone, 60)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from desktop import need, xvfb
+from desktop import need, stop, xvfb
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["Experiments", "Contribution", "Statistics", "This computer", "Event log"]
@@ -77,8 +77,7 @@ def test_the_tray_does_not_grow_when_the_window_opens_on_every_page_and_closes(t
             rss = tray.memory_info().rss / 2**20
             maps = Path(f"/proc/{app.pid}/maps").read_text()
         finally:
-            app.terminate()
-            app.wait(60)
+            stop(app, 60)
     assert "libQt6Charts" not in maps, "the tray process loaded the window's chart library"
     assert rss - before < GROWTH_MB, (f"the tray grew from {before:.1f} to {rss:.1f} MB resident while the window "
                                       f"was open on every page (allowed: {GROWTH_MB} MB)")

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 from conftest import start_command, tiny_experiment
+from desktop import stop
 from swarmpeer import SwarmPeer, start_backbone, wait_until
 
 from dedloc_core.catalog import validate_catalog
@@ -232,8 +233,7 @@ def test_the_backbone_follows_the_outer_model_without_joining_rounds(spawn_worke
         assert newcomer.progress[0].local_epoch >= kept, (
             f"the newcomer started at round {newcomer.progress[0].local_epoch}, not the backbone's {kept}")
     finally:
-        backbone.terminate()
-        backbone.wait(30)
+        stop(backbone, 30)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ server answers a normal GET afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -36,7 +37,7 @@ DATA = bytes(range(256)) * 8
 class _Backbone:
     """What the fuzz tests talk to: the backbone's server, its URL, the catalog it serves."""
 
-    def __init__(self, stack: ExitStack, tmp: Path):
+    def __init__(self, stack: ExitStack, tmp: Path, issuer=None):
         data_dir = tmp / "data"
         (data_dir / "sub").mkdir(parents=True)
         (data_dir / "a.txt").write_bytes(DATA)
@@ -55,6 +56,7 @@ class _Backbone:
         args = backbone.parse_args(["--run-dir", str(tmp / "run"), "--data-dir", str(data_dir),
                                     "--http-port", "0", "--contact", "<b>mail</b>"])
         node = backbone.Backbone(args)
+        node.issuer = issuer  # an invite-only experiment's /invite/* endpoints (test_fuzz_invites.py)
         node.view = SwarmView.load(node.run_dir, exp.run_id)
         node.view.add_point({"time": 1.0, "step": 1, "num_peers": 1, "samples_per_second": 2.0, "loss": 3.0})
         node.view.add_record("QmPeer", "<i>peer</i>", 10, 1.0, 1.0)
@@ -75,13 +77,13 @@ class _Backbone:
         self.errors: list[str] = []
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory) -> Iterator[_Backbone]:
+@contextlib.contextmanager
+def serving(tmp: Path, issuer=None) -> Iterator[_Backbone]:
     """The backbone's HTTP side; a failing handler (which the client would see as a closed
     connection) is recorded instead of printed."""
     original = httpserve._HTTPServer.handle_error
     with ExitStack() as stack:
-        served = _Backbone(stack, tmp_path_factory.mktemp("backbone"))
+        served = _Backbone(stack, tmp, issuer)
 
         def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
             served.errors.append(traceback.format_exc())
@@ -91,6 +93,12 @@ def node(tmp_path_factory) -> Iterator[_Backbone]:
             yield served
         finally:
             httpserve._HTTPServer.handle_error = original  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory) -> Iterator[_Backbone]:
+    with serving(tmp_path_factory.mktemp("backbone")) as served:
+        yield served
 
 
 def exchange(address: tuple, request: bytes, timeout: float = 10.0) -> bytes:

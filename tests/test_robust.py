@@ -1,6 +1,7 @@
 """Robust aggregation (hivemind_patches patch 7, engine/robust.py) with real hivemind averagers on
 loopback: a peer sending NaN never enters the average; with centered_clip an amplified peer barely
-moves it, where the plain mean follows it; without the patch one NaN poisons every peer."""
+moves it, where the plain mean follows it; without the patch one NaN poisons every peer; a reducer
+returning NaN averages fails the round instead of poisoning it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from dedloc_core.engine import robust
 ROOT = Path(__file__).resolve().parents[1]
 
 # Four DecentralizedAverager peers in one process (each forks its own averager), one all-reduce
-# round. Peer i holds a vector of HONEST[i]; the last one is the attacker ("nan" or "x1000").
+# round. Peer i holds a vector of HONEST[i]; the last one is the attacker ("nan" or "x1000"
+# sends that; "nan-reducer" sends 1.0 and returns NaN averages).
 SWARM = """
 import json, sys, time
 import torch, hivemind
@@ -30,8 +32,26 @@ honest = [1.0, 1.2, 0.8]
 first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
 dhts = [first] + [hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                                initial_peers=[str(a) for a in first.get_visible_maddrs()]) for _ in range(3)]
-values = [torch.full((1000,), v) for v in honest]
-values.append(torch.full((1000,), float("nan")) if attack == "nan" else torch.full((1000,), 1000.0))
+# 1000 values: one peer reduces them all; 2**20: each of the four gets a share above the minimum
+# (a peer offered less than one part, 2**17 values, reduces nothing)
+size = 2**20 if attack == "nan-reducer" else 1000
+values = [torch.full((size,), v) for v in honest]
+values.append({"nan": torch.full((size,), float("nan")), "x1000": torch.full((size,), 1000.0)}.get(
+    attack, torch.full((size,), 1.0)))
+attacker = str(dhts[3].peer_id)  # its averager serves rpc_aggregate_part under this peer id
+if attack == "nan-reducer":  # the attacker sends honest parts but returns NaN averages as a reducer
+    from hivemind.averaging import allreduce
+    from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
+    streaming = allreduce.AllReduceRunner._accumulate_parts_streaming
+
+    async def poisoned(self, stream, sender_index):
+        async for message in streaming(self, stream, sender_index):
+            if str(self.peer_id) == attacker:
+                nan = deserialize_torch_tensor(message.tensor_part).fill_(float("nan"))
+                message.tensor_part.CopyFrom(serialize_torch_tensor(nan))
+            yield message
+
+    allreduce.AllReduceRunner._accumulate_parts_streaming = poisoned
 averagers = [hivemind.averaging.DecentralizedAverager([v.clone()], dht=d, prefix="robust", target_group_size=4,
                                                       min_matchmaking_time=3.0, request_timeout=1.0, start=True)
              for v, d in zip(values, dhts)]
@@ -84,6 +104,16 @@ def test_centered_clip_holds_against_an_amplified_peer_where_the_mean_follows_it
         assert finite and 0.9 < low <= high < 1.6, clipped  # the honest mean is 1.0
     for low, _, _ in mean["honest"]:
         assert low > 200, mean  # (1 + 1.2 + 0.8 + 1000) / 4
+
+
+@pytest.mark.slow
+def test_a_reducer_returning_nan_averages_fails_the_round_instead_of_poisoning_it():
+    # hivemind added whatever a reducer returned to every peer's tensors: one hostile reducer
+    # poisoned the group, with mean and centered_clip alike; now that round fails for everyone
+    seen = swarm("patched", "centered_clip", "nan-reducer")
+    for (low, high, finite), own in zip(seen["honest"], [1.0, 1.2, 0.8], strict=True):
+        assert finite and low == pytest.approx(own) and high == pytest.approx(own), seen  # local values kept
+    assert all(isinstance(g, str) for g in seen["groups"][:3]), seen  # the honest peers' round failed
 
 
 def test_centered_clip_math():

@@ -52,7 +52,10 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    part to a weighted mean, NaN and all: one broken or hostile peer poisons every peer's step.
    ``accumulate_part`` now drops a non-finite part (that sender leaves this round, named in the log,
    with a strike, see ``engine/robust.py``), and with ``robust.configure("centered_clip")`` keeps the
-   parts and returns their centered clip instead of the mean. ``on_sender_failed`` is made
+   parts and returns their centered clip instead of the mean. An average that a reducer returns
+   with NaN or inf (``TensorPartContainer.register_processed_part``) is not used either: that
+   reducer's parts count as failed (so the round fails, see below) and it gets a strike; hivemind
+   added it to every peer's tensors, so one hostile reducer poisoned the whole group. ``on_sender_failed`` is made
    idempotent (a dropped sender is banned by the runner too). ``AllReduceRunner`` tells its reducer
    the senders' peer ids (for the log), a peer whose own parts were dropped still reduces the others'
    parts, then keeps its local values (as for a failed reducer) instead of waiting forever, and ``Matchmaking``
@@ -461,11 +464,25 @@ def _patch_robust_aggregation() -> None:
     reducer.accumulate_part = accumulate_part
     reducer.check_current_part_finished = check_current_part_finished
 
+    container = partition.TensorPartContainer
+    register = container.register_processed_part
+
+    def register_processed_part(self, peer_index: int, part_index: int, part) -> None:
+        if not robust.finite(part):  # a reducer's average with NaN/inf: none of its parts is used
+            names = getattr(self, "reducer_names", None)
+            peer = names[peer_index] if names else f"reducer {peer_index}"
+            log.warning("%s returned average %d with NaN or inf: the round fails", peer, part_index)
+            robust.strike(peer)
+            raise partition.AllreduceException(f"{peer} returned a non-finite average")
+        register(self, peer_index, part_index, part)
+
+    container.register_processed_part = register_processed_part
     runner_init = allreduce.AllReduceRunner.__init__
 
     def init(self, *args: Any, **kwargs: Any) -> None:
         runner_init(self, *args, **kwargs)
         self.tensor_part_reducer.sender_names = [str(p) for p in self.sender_peer_ids]
+        self.tensor_part_container.reducer_names = [str(p) for p in self.ordered_peer_ids]
 
     allreduce.AllReduceRunner.__init__ = init
     communicate = allreduce.AllReduceRunner._communicate_with_peer

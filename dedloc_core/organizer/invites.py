@@ -271,7 +271,7 @@ class Issuer:
             peer_id = str(request["peer_id"])
         except (KeyError, ValueError, TypeError):
             raise InviteError("token_invalid", "A malformed request.") from None
-        if abs(time.time() - when) > tokens.PROOF_WINDOW:
+        if not abs(time.time() - when) <= tokens.PROOF_WINDOW:  # NaN too: a proof that never ages
             raise InviteError("token_invalid", "The request is too old (or this computer's clock is wrong).")
         signer = tokens.check_proof(der, tokens.proof_message(action, self.run_id, peer_id, when, extra), signature)
         if signer is None or signer != peer_id:
@@ -287,7 +287,7 @@ class Issuer:
                 request = json.loads(body)
                 if not isinstance(request, dict):
                     raise ValueError
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply for json's parser
                 raise InviteError("token_invalid", "A malformed request.") from None
             if action == "redeem":
                 code = request.get("code")
