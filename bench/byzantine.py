@@ -106,21 +106,29 @@ def corrupt_before_averaging(opt, attack: str, seed: int) -> None:
 
 class Barrier:
     """All ``PEERS`` peers of a configuration meet here (files in the work folder); a peer that fails
-    writes ``abort``, and the others stop waiting."""
+    writes ``abort``, and the others stop waiting. With ``grace``, the honest peers wait for the
+    attacker at most that long once they are all there (then 2 s once it has missed a barrier): a
+    banned attacker spends a whole matchmaking timeout per step, and the honest peers need not."""
 
-    def __init__(self, work: Path, name: str, index: int):
+    def __init__(self, work: Path, name: str, index: int, grace: float | None = None):
         self.work, self.name, self.index, self.count = work, name, index, 0
+        self.grace, self.missed = grace, 0
 
     def wait(self, timeout: float) -> None:
         self.count += 1
         stem = f"{self.name}.b{self.count}"
         (self.work / f"{stem}.{self.index}").touch()
-        deadline = time.monotonic() + timeout
+        deadline, honest_since = time.monotonic() + timeout, None
         while not all((self.work / f"{stem}.{i}").exists() for i in range(PEERS)):
             if (self.work / f"{self.name}.abort").exists():
                 raise SystemExit("another peer failed")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"barrier {self.count}: the other peers did not come")
+            if self.grace is not None and all((self.work / f"{stem}.{i}").exists() for i in range(ATTACKER)):
+                honest_since = honest_since or time.monotonic()
+                if time.monotonic() - honest_since > (2.0 if self.missed else self.grace):
+                    self.missed += 1
+                    return
             time.sleep(0.02)
 
 
@@ -180,7 +188,8 @@ def peer_main(index: int, conf: dict, args: argparse.Namespace, work: Path) -> d
     if attacker:
         corrupt_before_averaging(opt, conf["attack"], seed=7)
     batches = recipe.batches([], args.batch, seed=100 + index)
-    barrier = Barrier(work, conf["name"], index)
+    barrier = Barrier(work, conf["name"], index, grace=15.0 if conf["attack"] and not attacker else None)
+    honest_done = work / f"{conf['name']}.honest_done"
     # hivemind averages only once its tracker has seen other peers, and its tracker publishes a
     # peer's record only once it has accumulated samples: report one (the first step's report
     # replaces it), so that the peers see each other before step 1
@@ -193,6 +202,8 @@ def peer_main(index: int, conf: dict, args: argparse.Namespace, work: Path) -> d
     barrier.wait(timeout=180)  # everyone joined and sees the others
     groups, began = [], time.monotonic()
     for _ in range(args.steps):
+        if attacker and honest_done.exists():
+            break  # the honest peers went on without it (banned): nothing left to attack
         loss = recipe.loss(model, next(batches))
         loss.backward()
         barrier.wait(timeout=300)
@@ -201,11 +212,15 @@ def peer_main(index: int, conf: dict, args: argparse.Namespace, work: Path) -> d
         opt.zero_grad()
         groups.append(opt.last_group_size if opt.rounds_joined > rounds else 0)  # 0: the round failed
     wall = time.monotonic() - began
-    barrier.wait(timeout=300)  # nobody leaves while others still average
+    if not attacker:
+        honest_done.touch()
+    if not (attacker and barrier.count < args.steps + 1):  # a late attacker leaves without meeting
+        barrier.wait(timeout=300)  # nobody leaves while others still average
     eval_loss = float("nan") if attacker else recipe.evaluate(model, [], max_batches=args.eval_batches)
     out = dict(eval_loss=eval_loss, epoch=opt.local_epoch, groups=groups, wall=wall,
-               digest=swarm.param_digest(model))
-    barrier.wait(timeout=300)
+               digest=swarm.param_digest(model), missed=barrier.missed)
+    if not (attacker and barrier.count < args.steps + 2):
+        barrier.wait(timeout=300)
     opt.shutdown()
     dht.shutdown()
     return out
@@ -248,6 +263,7 @@ def run_config(conf: dict, args: argparse.Namespace, work: Path) -> dict:
     return dict(name=conf["name"], eval_loss=sum(losses) / len(losses), spread=max(losses) - min(losses),
                 full_rounds=sum(g == PEERS for g in honest[0]["groups"]),
                 failed_rounds=sum(g == 0 for g in honest[0]["groups"]),
+                without_attacker=honest[0].get("missed", 0),
                 epochs=[o["epoch"] for o in got.values()], wall=max(o["wall"] for o in got.values()),
                 groups=honest[0]["groups"])
 
@@ -300,7 +316,7 @@ def main() -> None:
         f = figures[conf["name"]]
         print(f"  {conf['name']}: eval loss {f['eval_loss']:.4f} (honest peers within {f['spread']:.4f}), "
               f"rounds of 4: {f['full_rounds']}/{args.steps}, failed: {f['failed_rounds']}, "
-              f"{f['wall']:.0f} s", flush=True)
+              f"steps without the attacker: {f['without_attacker']}, {f['wall']:.0f} s", flush=True)
     (work / "figures.json").write_text(json.dumps(figures, indent=1))
 
     honest = figures["honest"]["eval_loss"]
