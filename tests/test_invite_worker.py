@@ -20,14 +20,34 @@ pytestmark = pytest.mark.skipif(not (shutil.which("dbus-daemon") and shutil.whic
                                 reason="needs dbus-daemon and gnome-keyring-daemon (LAB.md)")
 
 
+BUS_CONF = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:tmpdir=/tmp</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>
+"""
+
+
 @pytest.fixture
 def secret_service(monkeypatch, tmp_path):
     """A private session bus with an unlocked gnome-keyring; the test and its workers use it."""
     import keyring
     from keyring.backends import SecretService
 
-    bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"], stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, text=True)
+    # a bus without service activation: the session bus's default config starts a second
+    # gnome-keyring (no login keyring, so every write is a dismissed prompt) when the first call
+    # comes before ours has taken the name (9 of 30 starts here)
+    conf = tmp_path / "bus.conf"
+    conf.write_text(BUS_CONF)
+    bus = subprocess.Popen(["dbus-daemon", f"--config-file={conf}", "--nofork", "--print-address=1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     address = bus.stdout.readline().strip()
     # its own keyring directory: a login keyring left in ~ with another password stays locked
     data = tmp_path / "keyring-data"
