@@ -6,6 +6,7 @@ one without a code with invite_missing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -14,25 +15,11 @@ import time
 
 import pytest
 from conftest import start_command, tiny_experiment
+from desktop import dbus_session
 from swarmpeer import SwarmPeer, start_backbone, wait_until
 
 pytestmark = pytest.mark.skipif(not (shutil.which("dbus-daemon") and shutil.which("gnome-keyring-daemon")),
                                 reason="needs dbus-daemon and gnome-keyring-daemon (LAB.md)")
-
-
-BUS_CONF = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:tmpdir=/tmp</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>
-"""
 
 
 @pytest.fixture
@@ -41,14 +28,8 @@ def secret_service(monkeypatch, tmp_path):
     import keyring
     from keyring.backends import SecretService
 
-    # a bus without service activation: the session bus's default config starts a second
-    # gnome-keyring (no login keyring, so every write is a dismissed prompt) when the first call
-    # comes before ours has taken the name (9 of 30 starts here)
-    conf = tmp_path / "bus.conf"
-    conf.write_text(BUS_CONF)
-    bus = subprocess.Popen(["dbus-daemon", f"--config-file={conf}", "--nofork", "--print-address=1"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    address = bus.stdout.readline().strip()
+    stack = contextlib.ExitStack()
+    address = stack.enter_context(dbus_session())
     # its own keyring directory: a login keyring left in ~ with another password stays locked
     data = tmp_path / "keyring-data"
     data.mkdir()
@@ -78,9 +59,9 @@ def secret_service(monkeypatch, tmp_path):
         yield
     finally:
         keyring.set_keyring(previous)
-        for proc in (daemon, bus):
-            proc.kill()
-            proc.wait()
+        daemon.kill()
+        daemon.wait()
+        stack.close()
 
 
 def free_port() -> int:
