@@ -189,7 +189,8 @@ class SourceList:
         return ([builtin] if builtin else []) + [s for s in self.added if not builtin or s.url != builtin.url]
 
     def add(self, url: str, key_b64: str, name: str = "") -> Source:
-        source = Source(url=url, key=key_b64, name=name, added_at=time.time())
+        # convert checks the lengths too (a name too long to load back would cost the whole file)
+        source = msgspec.convert({"url": url, "key": key_b64, "name": name, "added_at": time.time()}, Source)
         self.added = [s for s in self.added if s.url != source.url] + [source]
         self._save()
         return source
