@@ -12,6 +12,7 @@ from datetime import datetime
 from importlib import resources
 from pathlib import Path
 
+import msgspec
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from dedloc_core import autostart, joining, prefs, secrets
@@ -290,7 +291,7 @@ class Controller(ControllerView):
             return False
         self.joined = exp
         if self.prefs.experiment_id != exp.id:
-            self.save_prefs(self.prefs.model_copy(update={"experiment_id": exp.id}))
+            self.save_prefs(msgspec.structs.replace(self.prefs, experiment_id=exp.id))
         self.last_progress = self.worker_state = self.last_error = None
         self.contributor.worker_released()  # the policy starts the worker when it decides to run
         self.note("INFO", f"Joined {exp.title}")
@@ -305,7 +306,7 @@ class Controller(ControllerView):
         self.joined = None
         self.supervisor.leave()
         self.contributor.worker_released()
-        self.save_prefs(self.prefs.model_copy(update={"experiment_id": None}))
+        self.save_prefs(msgspec.structs.replace(self.prefs, experiment_id=None))
         self.joined_changed.emit(None)
         self._update_status()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -14,6 +15,9 @@ from PySide6.QtWidgets import (
 
 from dedloc_core.catalog import Catalog
 from dedloc_core.prefs import Preferences
+from dedloc_core.schema import fields
+
+FIELDS = fields(Preferences)
 
 WELCOME = (
     "<h2>Welcome to DeDLOC Volunteer</h2>"
@@ -28,17 +32,17 @@ class FirstRunDialog(QDialog):
     def __init__(self, prefs: Preferences, catalog: Catalog | None, parent=None):
         super().__init__(parent)
         self.setWindowTitle("Welcome")
-        self.consent = QCheckBox(Preferences.model_fields["consent"].title)
+        self.consent = QCheckBox(FIELDS["consent"].title)
         self.experiment = QComboBox()
         for exp in catalog.experiments if catalog else []:
             if exp.status == "active":
                 self.experiment.addItem(f"{exp.title} ({exp.organizer})", exp.id)
         self.experiment.addItem("Choose later", None)
-        self.idle_only = QCheckBox(Preferences.model_fields["idle_only"].title)
+        self.idle_only = QCheckBox(FIELDS["idle_only"].title)
         self.idle_only.setChecked(prefs.idle_only)
-        self.use_gpu = QCheckBox(Preferences.model_fields["use_gpu"].title)
+        self.use_gpu = QCheckBox(FIELDS["use_gpu"].title)
         self.use_gpu.setChecked(prefs.use_gpu)
-        self.start_at_login = QCheckBox(Preferences.model_fields["start_at_login"].title)
+        self.start_at_login = QCheckBox(FIELDS["start_at_login"].title)
         self.start_at_login.setChecked(prefs.start_at_login)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Start")
@@ -63,13 +67,14 @@ class FirstRunDialog(QDialog):
         self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(self.consent.isChecked())
 
     def result_prefs(self, prefs: Preferences) -> Preferences:
-        return prefs.model_copy(update={
-            "consent": self.consent.isChecked(),
-            "experiment_id": self.experiment.currentData(),
-            "idle_only": self.idle_only.isChecked(),
-            "use_gpu": self.use_gpu.isChecked(),
-            "start_at_login": self.start_at_login.isChecked(),
-        })
+        return msgspec.structs.replace(
+            prefs,
+            consent=self.consent.isChecked(),
+            experiment_id=self.experiment.currentData(),
+            idle_only=self.idle_only.isChecked(),
+            use_gpu=self.use_gpu.isChecked(),
+            start_at_login=self.start_at_login.isChecked(),
+        )
 
 
 def first_run(controller, window) -> None:

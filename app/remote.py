@@ -13,10 +13,12 @@ import logging
 import sys
 from collections.abc import Callable
 
+import msgspec
 from PySide6.QtCore import QTimer
 from PySide6.QtNetwork import QLocalSocket
 from PySide6.QtWidgets import QApplication
 
+from dedloc_core import prefs as prefs_mod
 from dedloc_core import protocol
 from dedloc_core.catalog import Experiment
 from dedloc_core.catalog import child as catalog_child
@@ -46,7 +48,7 @@ class RemoteController(ControllerView):
     def _apply(self, m: dict) -> None:
         """Take the parts of the tray's state that ``m`` carries."""
         if "prefs" in m:
-            self.prefs = Preferences.model_validate(m["prefs"])
+            self.prefs = prefs_mod.validate(m["prefs"])
         if "catalog" in m:
             self.catalog = catalog_child.decode(m["catalog"]) if m["catalog"] is not None else None
         if "hardware" in m:
@@ -56,10 +58,10 @@ class RemoteController(ControllerView):
         if "swarm" in m:
             from dedloc_core.stats.swarmview import SwarmSummary
 
-            self.swarm = SwarmSummary.model_validate(m["swarm"]) if m["swarm"] is not None else None
+            self.swarm = msgspec.convert(m["swarm"], SwarmSummary) if m["swarm"] is not None else None
         if "status" in m:
             self.status = Status(*m["status"])
-            self.joined = Experiment.model_validate(m["joined"]) if m["joined"] else None
+            self.joined = msgspec.convert(m["joined"], Experiment) if m["joined"] else None
             self.last_progress = protocol.decode_event(m["progress"]) if m["progress"] else None
             self.worker_state = protocol.decode_event(m["worker_state"]) if m["worker_state"] else None
             self.invite_problems = {str(k): str(v) for k, v in m.get("invite_problems", {}).items()}
@@ -124,7 +126,7 @@ class RemoteController(ControllerView):
     def save_prefs(self, new: Preferences) -> None:
         self.prefs = new
         self.prefs_changed.emit(new)
-        self.channel.send("save_prefs", prefs=new.model_dump(mode="json"))
+        self.channel.send("save_prefs", prefs=prefs_mod.to_json(new))
 
     def add_source(self, url: str, key: str, name: str) -> None:
         self.channel.send("add_source", url=url, key=key, name=name)

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgspec
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
@@ -116,9 +117,9 @@ class Supervisor(QObject):
         self._generation += 1
         generation, start = self._generation, self.wanted
         if self.pause_reason is not None:
-            start = start.model_copy(update={"start_paused": True})
+            start = msgspec.structs.replace(start, start_paused=True)
         if self.limits is not None:
-            start = start.model_copy(update={"limits": self.limits})
+            start = msgspec.structs.replace(start, limits=self.limits)
         old, self.worker = self.worker, None
 
         def work() -> WorkerProcess:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, astuple
 
+import msgspec
 from PySide6.QtCore import QObject, QProcess
 from PySide6.QtNetwork import QLocalSocket
 
+from dedloc_core import prefs as prefs_mod
 from dedloc_core import protocol
 from dedloc_core.catalog import child as catalog_child
-from dedloc_core.prefs import Preferences
 from dedloc_core.workerproc import dedloc_command
 
 from .channel import Channel
@@ -40,11 +41,11 @@ class WindowHost(QObject):
         c.joined_changed.connect(lambda _: self._send("joined"))
         c.catalog_changed.connect(lambda r: self._send("catalog", catalog=catalog_child.encode(r)))
         c.hardware_changed.connect(lambda hw: self._send("hardware", hardware=asdict(hw), idle=c.idle_source_text()))
-        c.prefs_changed.connect(lambda p: self._send("prefs", prefs=p.model_dump(mode="json")))
+        c.prefs_changed.connect(lambda p: self._send("prefs", prefs=prefs_mod.to_json(p)))
         c.prefs_warning.connect(lambda text: self._send("prefs_warning", text=text))
         c.logged.connect(lambda e: self._send("log", entry=astuple(e)))
         c.stats_changed.connect(lambda: self._send("stats"))
-        c.swarm_changed.connect(lambda s: self._send("swarm", swarm=s.model_dump(mode="json")))
+        c.swarm_changed.connect(lambda s: self._send("swarm", swarm=msgspec.to_builtins(s)))
         c.peer_id_changed.connect(lambda peer_id: self._send("peer_id", peer_id=peer_id))
         c.quitting.connect(lambda: self._send("quit"))
 
@@ -76,16 +77,16 @@ class WindowHost(QObject):
 
     def snapshot(self) -> dict:
         c = self.controller
-        return {"prefs": c.prefs.model_dump(mode="json"), "prefs_problem": c.prefs_problem,
+        return {"prefs": prefs_mod.to_json(c.prefs), "prefs_problem": c.prefs_problem,
                 "catalog": catalog_child.encode(c.catalog) if c.catalog is not None else None,
                 "hardware": asdict(c.hardware) if c.hardware is not None else None, "idle": c.idle_source_text(),
-                "swarm": c.swarm.model_dump(mode="json") if c.swarm is not None else None,
+                "swarm": msgspec.to_builtins(c.swarm) if c.swarm is not None else None,
                 "log": [astuple(e) for e in c.log_entries], **self._live()}
 
     def _live(self) -> dict:
         """What changes with every worker event; sent with each message that may have changed it."""
         c = self.controller
-        return {"status": astuple(c.status), "joined": c.joined.model_dump(mode="json") if c.joined else None,
+        return {"status": astuple(c.status), "joined": msgspec.to_builtins(c.joined) if c.joined else None,
                 "progress": protocol.encode(c.last_progress) if c.last_progress else None,
                 "worker_state": protocol.encode(c.worker_state) if c.worker_state else None,
                 "invite_problems": dict(c.invite_problems)}
@@ -111,7 +112,7 @@ class WindowHost(QObject):
             elif kind == "refresh_stats":
                 c.refresh_stats()
             elif kind == "save_prefs":
-                c.save_prefs(Preferences.model_validate(message["prefs"]))
+                c.save_prefs(prefs_mod.validate(message["prefs"]))
             elif kind == "add_source":
                 c.add_source(str(message["url"]), str(message["key"]), str(message["name"]))
             elif kind == "remove_source":
@@ -120,7 +121,7 @@ class WindowHost(QObject):
                 c.join_with_invite(str(message["id"]), str(message["code"]))
             else:
                 logger.warning("Unknown command from the window: %r", kind[:100])
-        except (KeyError, TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        except (KeyError, TypeError, ValueError) as exc:  # msgspec's ValidationError is a ValueError
             logger.warning("Bad %r command from the window: %s", kind[:100], str(exc)[:300])
 
     def close(self, timeout_ms: int = 5000) -> None:

@@ -34,6 +34,7 @@ from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 
+import msgspec
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,8 +70,8 @@ def serve_catalog(server: FileServer, keys: Path) -> None:
     keys.mkdir(parents=True, exist_ok=True)
     (keys / "soak.pub").write_text(public_key_line(key.public_key(), "soak") + "\n")
     now = datetime.now(UTC)
-    catalog = Catalog.model_validate({"schema_version": 1, "catalog_id": "soak", "issued_at": now,
-                                      "expires_at": now + timedelta(days=2), "experiments": [experiment()]})
+    catalog = msgspec.convert({"schema_version": 1, "catalog_id": "soak", "issued_at": now,
+                               "expires_at": now + timedelta(days=2), "experiments": [experiment()]}, Catalog)
     server.add("/catalog.json", sign_catalog(catalog, key))
 
 

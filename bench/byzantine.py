@@ -298,8 +298,9 @@ def main() -> None:
     if args.steps < 1:
         raise SystemExit("--steps must be at least 1")
     from dedloc_core.catalog.model import Experiment
+    from dedloc_core.schema import fields as model_fields
 
-    fields = Experiment.model_fields
+    fields = model_fields(Experiment)
     args.radius = fields["clip_radius"].default if args.radius is None else args.radius
     args.iterations = fields["clip_iterations"].default if args.iterations is None else args.iterations
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="byzantine-bench-"))

@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -46,7 +48,7 @@ def main(argv: list[str]) -> int:
     exp_file, ready_file, name = argv
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s [volunteer] %(name)s: %(message)s")
-    exp = Experiment.model_validate_json(Path(exp_file).read_text())
+    exp = msgspec.json.decode(Path(exp_file).read_bytes(), type=Experiment)
     ready = json.loads(Path(ready_file).read_text())
     os.environ["DEDLOC_INITIAL_PEERS"] = " ".join(ready["maddrs"])
     start = start_command(exp, Preferences(display_name=name), limits=Limits(cpu_threads=1),

@@ -129,14 +129,16 @@ class PolicyLoop:
     """The app's policy loop in miniature: a Contributor ticking on a thread, acting on the worker."""
 
     def __init__(self, worker, tick: float, idle_seconds: float):
+        from msgspec.structs import replace
+
         from dedloc_core.policy import idle
         from dedloc_core.policy.contributor import Contributor
         from dedloc_core.policy.sampler import GpuProbe, Sampler
         from dedloc_core.prefs import Preferences
 
         source = idle.X11Idle()
-        # model_copy does not validate: an "in use" threshold of seconds instead of minutes
-        prefs = Preferences().model_copy(update={"idle_minutes": idle_seconds / 60, "other_cpu_limit": None})
+        # replace does not validate: an "in use" threshold of seconds instead of minutes
+        prefs = replace(Preferences(), idle_minutes=idle_seconds / 60, other_cpu_limit=None)
         self.source = source
         self.contributor = Contributor(prefs, Sampler(source, GpuProbe(), own_pids=lambda: [worker.pid]))
         self.worker, self.tick = worker, tick

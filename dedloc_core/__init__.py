@@ -14,7 +14,8 @@ The code is organized in rooms, one package each, and a few shared light modules
 - shared light modules: ``errors`` (the exception tree), ``paths`` (user directories, shipped
   resources), ``protocol`` (app <-> worker messages), ``prefs`` (the user's preferences),
   ``secrets`` (the OS keyring), ``invites`` (invite tokens: format, checks, redeem client),
-  ``joining`` (a ``start`` command from an experiment),
+  ``joining`` (a ``start`` command from an experiment), ``schema`` (what the msgspec models share:
+  reading validation errors, field metadata),
   ``autostart`` (start at login), ``workerproc`` (starting and stopping a worker, no Qt), ``cli``
   (the ``dedloc`` command).
 

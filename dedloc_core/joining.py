@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from urllib.parse import urljoin
 
+import msgspec
+
 from . import paths
 from .catalog import Experiment
 from .prefs import Preferences
@@ -72,7 +74,7 @@ def start_command(experiment: Experiment, prefs: Preferences, *, limits: Limits,
     """The ``start`` command for ``experiment``, with the limits the policy decided (policy.decide)."""
     peers = list(dict.fromkeys([*experiment.initial_peers, *extra_peers()]))
     return Start(
-        experiment=experiment.model_dump(mode="json"),
+        experiment=msgspec.to_builtins(experiment),
         initial_peers=peers,
         host_maddrs=listen_maddrs(),
         data_base_url=data_url,

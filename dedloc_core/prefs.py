@@ -4,21 +4,26 @@ Rules: the file carries ``version``; a file of an older version is migrated on l
 not JSON, does not validate, or comes from a newer version is moved aside as
 ``preferences.json.broken-<time>`` and replaced by defaults, with a warning the app shows. Writes are
 atomic. Secrets (access tokens) are never stored here: they live in the OS keyring.
-Field titles and descriptions are the labels and help texts of the app's form.
+The model is a frozen msgspec Struct; its field titles and descriptions (``msgspec.Meta``) are the
+labels and help texts of the app's form.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from datetime import time as clock
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+import msgspec
+from msgspec import Meta
 
 from . import paths
+from .schema import coerce_floats, problem
 
 logger = logging.getLogger(__name__)
 
@@ -27,76 +32,89 @@ FILE_NAME = "preferences.json"
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
-class TimeWindow(BaseModel):
+class TimeWindow(msgspec.Struct, frozen=True):
     """Contribute on these weekdays between ``start`` and ``end`` (local time; end may pass midnight)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    days: tuple[int, ...] = Field((0, 1, 2, 3, 4, 5, 6), description="Weekdays, 0 = Monday")
+    days: Annotated[tuple[int, ...], Meta(description="Weekdays, 0 = Monday")] = (0, 1, 2, 3, 4, 5, 6)
     start: clock = clock(0, 0)
     end: clock = clock(23, 59)
 
-    @field_validator("days")
-    @classmethod
-    def _days(cls, days: tuple[int, ...]) -> tuple[int, ...]:
-        if not days or any(d < 0 or d > 6 for d in days):
+    def __post_init__(self) -> None:
+        if not self.days or any(d < 0 or d > 6 for d in self.days):
             raise ValueError("weekdays must be numbers 0 (Monday) to 6 (Sunday)")
-        return tuple(sorted(set(days)))
+        msgspec.structs.force_setattr(self, "days", tuple(sorted(set(self.days))))
 
     def label(self) -> str:
         names = ", ".join(WEEKDAYS[d].title() for d in self.days)
         return f"{names} {self.start:%H:%M}-{self.end:%H:%M}"
 
 
-class Preferences(BaseModel):
-    model_config = ConfigDict(extra="ignore", validate_assignment=True)
+class Preferences(msgspec.Struct, frozen=True):
+    """The volunteer's choices. Frozen: a change is a new value (``msgspec.structs.replace``, or
+    ``validate`` for values that come from a person or a file)."""
 
     version: int = PREFS_VERSION
-    consent: bool = Field(False, title="I agree to lend this computer to the experiments I join")
-    experiment_id: str | None = Field(None, title="Joined experiment", max_length=64)
-    display_name: str = Field("", title="Name on the leaderboard", max_length=40,
-                              description="Leave empty to appear as a short peer id.")
+    consent: Annotated[bool, Meta(title="I agree to lend this computer to the experiments I join")] = False
+    experiment_id: Annotated[str, Meta(max_length=64, title="Joined experiment")] | None = None
+    display_name: Annotated[str, Meta(max_length=40, title="Name on the leaderboard",
+                                      description="Leave empty to appear as a short peer id.")] = ""
     # when
-    idle_only: bool = Field(True, title="Only when I am not using the computer")
-    idle_minutes: float = Field(3.0, ge=0.5, le=120.0, title="I am using the computer if I touched it in the last",
-                                description="minutes")
-    schedule: list[TimeWindow] = Field(default_factory=list, title="Only at these times",
-                                       description="Empty: any time.")
-    run_on_battery: bool = Field(False, title="Also when the computer runs on battery")
-    other_cpu_limit: int | None = Field(50, ge=5, le=100, title="Pause when other programs use more CPU than",
-                                        description="percent of all cores; empty: never")
-    blocking_programs: list[str] = Field(default_factory=list, title="Pause while these programs run",
-                                         description="Process names, e.g. games.")
+    idle_only: Annotated[bool, Meta(title="Only when I am not using the computer")] = True
+    idle_minutes: Annotated[float, Meta(ge=0.5, le=120.0, title="I am using the computer if I touched it in the last",
+                                        description="minutes")] = 3.0
+    schedule: Annotated[list[TimeWindow], Meta(title="Only at these times", description="Empty: any time.")] = []
+    run_on_battery: Annotated[bool, Meta(title="Also when the computer runs on battery")] = False
+    other_cpu_limit: Annotated[int, Meta(ge=5, le=100, title="Pause when other programs use more CPU than",
+                                         description="percent of all cores; empty: never")] | None = 50
+    blocking_programs: Annotated[list[str], Meta(title="Pause while these programs run",
+                                                 description="Process names, e.g. games.")] = []
     # how much
-    cpu_share_idle: int = Field(100, ge=5, le=100, title="CPU share while I am away", description="percent of cores")
-    cpu_share_in_use: int = Field(25, ge=5, le=100, title="CPU share while I use the computer",
-                                  description="percent of cores")
-    use_gpu: bool = Field(True, title="Use the GPU")
-    gpu_while_in_use: bool = Field(False, title="Use the GPU while I use the computer")
-    gpu_memory_cap_mb: int | None = Field(None, ge=256, le=1 << 20, title="GPU memory cap", description="MB")
-    upload_cap_kbs: int | None = Field(None, ge=8, le=10_000_000, title="Upload cap", description="kB/s; empty: none")
-    download_cap_kbs: int | None = Field(None, ge=8, le=10_000_000, title="Download cap",
-                                         description="kB/s; empty: none")
-    daily_quota_mb: int | None = Field(None, ge=10, le=10_000_000, title="Daily transfer quota",
-                                       description="MB sent and received per day; empty: none")
-    long_pause_minutes: float = Field(10.0, ge=1.0, le=1440.0, title="Free memory after a pause longer than",
-                                      description="minutes")
+    cpu_share_idle: Annotated[int, Meta(ge=5, le=100, title="CPU share while I am away",
+                                        description="percent of cores")] = 100
+    cpu_share_in_use: Annotated[int, Meta(ge=5, le=100, title="CPU share while I use the computer",
+                                          description="percent of cores")] = 25
+    use_gpu: Annotated[bool, Meta(title="Use the GPU")] = True
+    gpu_while_in_use: Annotated[bool, Meta(title="Use the GPU while I use the computer")] = False
+    gpu_memory_cap_mb: Annotated[int, Meta(ge=256, le=1 << 20, title="GPU memory cap",
+                                           description="MB")] | None = None
+    upload_cap_kbs: Annotated[int, Meta(ge=8, le=10_000_000, title="Upload cap",
+                                        description="kB/s; empty: none")] | None = None
+    download_cap_kbs: Annotated[int, Meta(ge=8, le=10_000_000, title="Download cap",
+                                          description="kB/s; empty: none")] | None = None
+    daily_quota_mb: Annotated[int, Meta(ge=10, le=10_000_000, title="Daily transfer quota",
+                                        description="MB sent and received per day; empty: none")] | None = None
+    long_pause_minutes: Annotated[float, Meta(ge=1.0, le=1440.0, title="Free memory after a pause longer than",
+                                              description="minutes")] = 10.0
     # app
-    start_at_login: bool = Field(False, title="Start when I log in")
+    start_at_login: Annotated[bool, Meta(title="Start when I log in")] = False
 
-    @field_validator("blocking_programs")
-    @classmethod
-    def _programs(cls, names: list[str]) -> list[str]:
-        cleaned = [n.strip() for n in names if n.strip()]
+    def __post_init__(self) -> None:
+        coerce_floats(self)  # idle_minutes=5 is saved as 5.0, as it is read back
+        cleaned = [n.strip() for n in self.blocking_programs if n.strip()]
         if any(len(n) > 64 for n in cleaned):
             raise ValueError("a program name is longer than 64 characters")
-        return cleaned
-
-    @model_validator(mode="after")
-    def _version(self) -> Preferences:
+        msgspec.structs.force_setattr(self, "blocking_programs", cleaned)
         if self.version != PREFS_VERSION:
             raise ValueError(f"preferences version {self.version}; this app reads version {PREFS_VERSION}")
-        return self
+
+
+_HOURS_MINUTES = re.compile(r"^\d\d:\d\d$")
+
+
+def validate(data: Any) -> Preferences:
+    """Preferences from JSON-like data (a parsed file, the form's values); raises ``msgspec.ValidationError``.
+
+    As before, numbers written as text and times without seconds (``"22:00"``) are accepted."""
+    if isinstance(data, dict) and isinstance(data.get("schedule"), list):
+        data = {**data, "schedule": [
+            {k: v + ":00" if k in ("start", "end") and isinstance(v, str) and _HOURS_MINUTES.match(v) else v
+             for k, v in w.items()} if isinstance(w, dict) else w for w in data["schedule"]]}
+    return msgspec.convert(data, Preferences, strict=False)
+
+
+def to_json(prefs: Preferences) -> dict[str, Any]:
+    """``prefs`` as JSON data (what the file holds; ``validate`` reads it back)."""
+    return msgspec.to_builtins(prefs)
 
 
 @dataclass(frozen=True)
@@ -129,11 +147,10 @@ def load(path: Path | None = None) -> Loaded:
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-        return Loaded(Preferences.model_validate(_migrate(data)))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "file"
-        return _replace(path, f"has an invalid value ({where}: {first['msg']})")
+        return Loaded(validate(_migrate(data)))
+    except msgspec.ValidationError as exc:
+        where, reason = problem(exc)
+        return _replace(path, f"has an invalid value ({where or 'file'}: {reason})")
     except ValueError as exc:
         return _replace(path, f"is not valid JSON ({exc})")
     except RecursionError:  # json's C parser gives up on very deep nesting
@@ -153,7 +170,7 @@ def _replace(path: Path, problem: str) -> Loaded:
 
 
 def save(prefs: Preferences, path: Path | None = None) -> None:
-    data = prefs.model_dump(mode="json")
+    data = to_json(prefs)
     paths.atomic_write(path or default_path(), (json.dumps(data, indent=2) + "\n").encode())
 
 

@@ -5,7 +5,9 @@ Events (worker -> app, on the worker's event channel): hello, state, progress, s
 
 Each line is ``{"v": PROTOCOL_VERSION, "type": "<name>", ...fields}``. A line that is not valid JSON,
 has another version, an unknown type or wrong fields raises ``ProtocolError``; the worker answers
-such a command with an ``error`` event and carries on.
+such a command with an ``error`` event and carries on. Messages are frozen msgspec Structs tagged by
+``type``; their constraints are checked when a line is decoded (numbers given as text or as floats
+with an integral value are accepted for numeric fields, as before).
 """
 
 from __future__ import annotations
@@ -14,16 +16,28 @@ import json
 import reprlib
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+import msgspec
+from msgspec import Meta
 
 from .errors import ProtocolError
+from .schema import coerce_floats, problem
 
 PROTOCOL_VERSION = 1
 MAX_LINE = 1 << 20
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Any protocol message (and ``Limits``, which travels inside them)."""
+
+    def __post_init__(self) -> None:
+        coerce_floats(self)  # a whole number given for a float field goes out as 3.0, as before
+
+
+class _Tagged(_Message, tag_field="type"):
+    @property
+    def type(self) -> str:
+        """The message's name on the wire (``"start"``, ``"progress"``, ...)."""
+        return self.__struct_config__.tag  # type: ignore[return-value]
 
 
 # ---- commands -------------------------------------------------------------------------------
@@ -33,67 +47,67 @@ class Limits(_Message):
     """Resource limits. ``None`` leaves a limit unchanged (or unlimited at start); for the byte
     caps and the GPU memory cap, 0 means "no cap"."""
 
-    cpu_threads: int | None = Field(None, ge=1, le=1024)
+    cpu_threads: Annotated[int, Meta(ge=1, le=1024)] | None = None
     use_gpu: bool | None = None
-    upload_bps: int | None = Field(None, ge=0)
-    download_bps: int | None = Field(None, ge=0)
-    gpu_memory_mb: int | None = Field(None, ge=0)  # cap on this worker's GPU memory (0 = none)
+    upload_bps: Annotated[int, Meta(ge=0)] | None = None
+    download_bps: Annotated[int, Meta(ge=0)] | None = None
+    gpu_memory_mb: Annotated[int, Meta(ge=0)] | None = None  # cap on this worker's GPU memory (0 = none)
+
+    def merged(self, update: Limits) -> Limits:
+        """These limits with the ones that ``update`` sets (its ``None`` fields change nothing)."""
+        changes = {name: value for name in update.__struct_fields__ if (value := getattr(update, name)) is not None}
+        return msgspec.structs.replace(self, **changes)
 
 
-class Start(_Message):
-    type: Literal["start"] = "start"
+class Start(_Tagged, tag="start"):
     experiment: dict[str, Any]
     initial_peers: list[str] | None = None
     data_base_url: str | None = None
     identity_path: str | None = None
-    host_maddrs: list[str] = ["/ip4/127.0.0.1/tcp/0"]
+    host_maddrs: list[str] = msgspec.field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
     announce_maddrs: list[str] = []
     client_mode: bool = False
-    batch_size: int | None = Field(None, ge=1, le=65536)
+    batch_size: Annotated[int, Meta(ge=1, le=65536)] | None = None
     seed: int = 0
-    progress_period: float = Field(1.0, gt=0.0, le=3600.0)
+    progress_period: Annotated[float, Meta(gt=0.0, le=3600.0)] = 1.0
     limits: Limits = Limits()
     start_paused: bool = False
-    display_name: str = Field("", max_length=64)  # shown on the swarm's leaderboard ("" = short peer id)
-    bandwidth: float | None = Field(None, gt=0)  # declared Mbit/s for DeDLOC's load balancing (a hint)
+    display_name: Annotated[str, Meta(max_length=64)] = ""  # shown on the swarm's leaderboard ("" = short peer id)
+    bandwidth: Annotated[float, Meta(gt=0)] | None = None  # declared Mbit/s for DeDLOC's load balancing (a hint)
     grad_compression: Literal["none", "fp16", "8bit"] | None = None  # None: fp16
     reachability: Literal["auto", "direct", "relay", "outbound"] = "auto"
 
 
-class Pause(_Message):
-    type: Literal["pause"] = "pause"
+class Pause(_Tagged, tag="pause"):
     reason: str = ""
 
 
-class Resume(_Message):
-    type: Literal["resume"] = "resume"
+class Resume(_Tagged, tag="resume"):
+    pass
 
 
-class SetLimits(_Message):
-    type: Literal["set_limits"] = "set_limits"
+class SetLimits(_Tagged, tag="set_limits"):
     limits: Limits
 
 
-class Stop(_Message):
-    type: Literal["stop"] = "stop"
+class Stop(_Tagged, tag="stop"):
+    pass
 
 
-Command = Annotated[Start | Pause | Resume | SetLimits | Stop, Field(discriminator="type")]
+Command = Start | Pause | Resume | SetLimits | Stop
 
 # ---- events ---------------------------------------------------------------------------------
 
 WorkerState = Literal["idle", "preparing", "joining", "training", "paused", "stopping", "stopped"]
 
 
-class Hello(_Message):
-    type: Literal["hello"] = "hello"
+class Hello(_Tagged, tag="hello", kw_only=True):
     protocol: int = PROTOCOL_VERSION
     version: str
     pid: int
 
 
-class State(_Message):
-    type: Literal["state"] = "state"
+class State(_Tagged, tag="state"):
     state: WorkerState
     reason: str = ""
     peer_id: str | None = None
@@ -101,8 +115,7 @@ class State(_Message):
     reachability: str | None = None  # "direct", "via relay", "relay lost" or "outbound only" once joined
 
 
-class Progress(_Message):
-    type: Literal["progress"] = "progress"
+class Progress(_Tagged, tag="progress"):
     local_epoch: int
     global_step: int
     samples_per_second: float
@@ -119,10 +132,9 @@ class Progress(_Message):
     reachability: str | None = None  # "direct", "via relay" or "outbound only"
 
 
-class Stats(_Message):
+class Stats(_Tagged, tag="stats"):
     """Cumulative totals of this worker process since it started."""
 
-    type: Literal["stats"] = "stats"
     samples: int
     compute_seconds: float
     rounds: int
@@ -133,15 +145,13 @@ class Stats(_Message):
     device: Literal["cpu", "gpu"] = "cpu"  # where compute_seconds since the last stats event were spent
 
 
-class Log(_Message):
-    type: Literal["log"] = "log"
+class Log(_Tagged, tag="log"):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
     message: str
     logger: str = ""
 
 
-class Error(_Message):
-    type: Literal["error"] = "error"
+class Error(_Tagged, tag="error"):
     code: str
     title: str
     message: str
@@ -149,19 +159,23 @@ class Error(_Message):
     fatal: bool = False
 
 
-Event = Annotated[Hello | State | Progress | Stats | Log | Error, Field(discriminator="type")]
+Event = Hello | State | Progress | Stats | Log | Error
 
-_COMMANDS: TypeAdapter[Any] = TypeAdapter(Command)
-_EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
+
+def _plain(value: Any) -> Any:
+    """A number the engine hands over as a numpy or torch scalar, as a Python number."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"a {type(value).__name__} cannot go into a protocol message")
 
 
 def encode(message: _Message) -> str:
     """One protocol line (with trailing newline)."""
-    body = message.model_dump(mode="json")
+    body = msgspec.to_builtins(message, enc_hook=_plain)
     return json.dumps({"v": PROTOCOL_VERSION, **body}, separators=(",", ":")) + "\n"
 
 
-def _decode(line: str | bytes, adapter: TypeAdapter[Any]) -> Any:
+def _decode(line: str | bytes, kind: Any) -> Any:
     if len(line) > MAX_LINE:
         raise ProtocolError(f"Message too long ({len(line)} bytes).", code="too_long")
     try:
@@ -177,13 +191,11 @@ def _decode(line: str | bytes, adapter: TypeAdapter[Any]) -> Any:
         raise ProtocolError(f"Protocol version {reprlib.repr(version)}; expected {PROTOCOL_VERSION}.",
                             code="version")
     try:
-        return adapter.validate_python(data)
-    except ValidationError as exc:
-        kind = data.get("type")
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ProtocolError(f"Bad {reprlib.repr(kind)} message: {_clip(where)}: {_clip(first['msg'])}",
-                            code="invalid") from exc
+        return msgspec.convert(data, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        where, reason = problem(exc)
+        raise ProtocolError(f"Bad {reprlib.repr(data.get('type'))} message: {_clip(where or 'message')}: "
+                            f"{_clip(reason)}", code="invalid") from exc
 
 
 def _clip(text: str, limit: int = 200) -> str:
@@ -192,8 +204,8 @@ def _clip(text: str, limit: int = 200) -> str:
 
 
 def decode_command(line: str | bytes) -> Start | Pause | Resume | SetLimits | Stop:
-    return _decode(line, _COMMANDS)
+    return _decode(line, Command)
 
 
 def decode_event(line: str | bytes) -> Hello | State | Progress | Stats | Log | Error:
-    return _decode(line, _EVENTS)
+    return _decode(line, Event)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 
+import msgspec
 import psutil
 import pytest
 
@@ -183,9 +184,9 @@ def serve_signed_catalog(server: FileServer, tmp_path: Path, monkeypatch, experi
     keys.mkdir(exist_ok=True)
     (keys / "test.pub").write_text(public_key_line(key.public_key(), "test") + "\n")
     now = datetime.now(UTC)
-    catalog = Catalog.model_validate({
+    catalog = msgspec.convert({
         "schema_version": 1, "catalog_id": "test-catalog", "issued_at": now,
-        "expires_at": now + timedelta(days=1), "experiments": experiments})
+        "expires_at": now + timedelta(days=1), "experiments": experiments}, Catalog)
     server.add("/catalog.json", sign_catalog(catalog, key))
     monkeypatch.setenv("DEDLOC_CATALOG_URL", f"{server.url}catalog.json")
     monkeypatch.setenv("DEDLOC_TRUSTED_KEYS", str(keys))
@@ -223,8 +224,8 @@ class Organizer:
         now = datetime.now(UTC)
         exp = tiny_experiment(id=self.exp_id, title=title, organizer=self.name, run_id=self.exp_id.replace("-", "_"),
                               **overrides)
-        catalog = Catalog.model_validate({"schema_version": 1, "catalog_id": "org", "issued_at": now,
-                                          "expires_at": now + timedelta(days=1), "experiments": [exp]})
+        catalog = msgspec.convert({"schema_version": 1, "catalog_id": "org", "issued_at": now,
+                                   "expires_at": now + timedelta(days=1), "experiments": [exp]}, Catalog)
         self.server.add("/org/catalog.json", sign_catalog(catalog, signing_key))
         self.server.add("/org/catalog.pub", f"ed25519 {self.key_b64} org\n".encode())
 

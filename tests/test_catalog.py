@@ -468,7 +468,7 @@ def test_shard_url_resolution():
 
 def test_models_are_frozen():
     cat = validate_catalog(catalog_dict())
-    with pytest.raises(ValueError):
+    with pytest.raises(AttributeError):
         cat.experiments[0].target_batch_size = 5  # type: ignore[misc]
     assert isinstance(cat, Catalog)
 

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
+import msgspec
 import pytest
 from conftest import tiny_experiment
 
@@ -34,7 +35,7 @@ def key_line() -> str:
 
 
 def experiment(**overrides) -> Experiment:
-    return Experiment.model_validate(tiny_experiment(title=TITLE, organizer="Ada & co", **overrides))
+    return msgspec.convert(tiny_experiment(title=TITLE, organizer="Ada & co", **overrides), Experiment)
 
 
 def swarm_view() -> SwarmView:

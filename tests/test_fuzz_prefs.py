@@ -14,7 +14,7 @@ from dedloc_core import prefs
 from dedloc_core.prefs import Loaded, Preferences
 
 FUZZ = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-FIELDS = sorted(Preferences.model_fields)
+FIELDS = sorted(Preferences.__struct_fields__)
 WINDOW_FIELDS = ["days", "start", "end"]
 
 TEXT = st.text(st.characters(exclude_categories=()), max_size=20) | st.text(max_size=20)
@@ -35,7 +35,7 @@ def check(raw: bytes) -> Loaded:
         path.write_bytes(raw)
         loaded = prefs.load(path)
         assert isinstance(loaded, Loaded) and isinstance(loaded.prefs, Preferences)
-        Preferences.model_validate(loaded.prefs.model_dump())  # every field within its bounds
+        prefs.validate(prefs.to_json(loaded.prefs))  # every field within its bounds
         if loaded.warning is None:
             assert loaded.backup is None and path.read_bytes() == raw  # a good file stays where it was
             prefs.save(loaded.prefs, path)  # and what loads saves and loads again, unchanged

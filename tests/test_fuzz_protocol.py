@@ -27,7 +27,7 @@ JSON = st.recursive(SCALARS, lambda kids: st.lists(kids, max_size=4) | st.dictio
 
 
 def _fields(*models: type) -> list[str]:
-    return sorted({name for model in models for name in model.model_fields} | {"v", "type"})
+    return sorted({name for model in models for name in model.__struct_fields__} | {"v", "type"})
 
 
 COMMAND_TYPES = ["start", "pause", "resume", "set_limits", "stop"]
@@ -39,7 +39,7 @@ EVENT_FIELDS = _fields(protocol.Hello, protocol.State, protocol.Progress, protoc
 
 def check(decode, line: str | bytes, *, reencode: bool = True):
     """The line decodes to a message that encodes again, or is refused with a ProtocolError. (A message
-    nested past pydantic's serializer depth, about 250, decodes but does not encode: the worker never
+    nested past the JSON encoder's depth decodes but may not encode: the worker never
     re-encodes the commands it reads.)"""
     try:
         message = decode(line)

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from dedloc_core.catalog.shards import Shard, resolve_url
 from dedloc_core.engine.shard_cache import ShardCache
@@ -98,8 +98,8 @@ JSON_ANY = st.none() | st.booleans() | st.integers() | st.floats() | TEXT | st.l
 @example("http://h:99999/a", "ab" * 32, 1, None)
 def test_any_shard_description_is_refused_or_resolves_to_an_http_url(url, sha, size, base):
     try:
-        shard = Shard.model_validate({"url": url, "sha256": sha, "size": size})
-    except ValidationError:
+        shard = msgspec.convert({"url": url, "sha256": sha, "size": size}, Shard)
+    except msgspec.ValidationError:
         return
     assert len(shard.sha256) == 64 and set(shard.sha256) <= set("0123456789abcdef"), repr(shard.sha256)
     assert 0 < shard.size <= 64 * 2**30

@@ -3,6 +3,8 @@
 - Every light module (everything outside ``dedloc_core.engine``) imports in a fresh interpreter
   without loading torch, hivemind, cryptography or Qt. (The tray app's own start is checked in
   ``test_app.py::test_gui_process_never_imports_torch_or_hivemind``.)
+- ``app.main`` and every app module import without loading pydantic or ``ssl`` (the tray's memory:
+  its models are msgspec Structs, and ``urllib.request`` is imported inside the functions that fetch).
 - Outside the engine, only ``cli`` and ``organizer.backbone`` import it, inside a function.
 - No import cycle among our modules, counting imports inside functions too.
 - Every package says what its room is for.
@@ -20,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "dedloc_core"
 HEAVY = ("torch", "hivemind", "cryptography", "PySide6")
+NOT_IN_TRAY = ("pydantic", "pydantic_core", "ssl")  # about 20 MB resident in the tray (bench/README.md)
 ENGINE_STARTERS = {"dedloc_core.cli", "dedloc_core.organizer.backbone"}
 
 
@@ -32,6 +35,7 @@ def module_name(path: Path) -> str:
 
 MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
 LIGHT = sorted(m for m in MODULES if not (m == "dedloc_core.engine" or m.startswith("dedloc_core.engine.")))
+APP = ["app.main"] + sorted(module_name(p) for p in (ROOT / "app").rglob("*.py") if p.stem != "__main__")
 
 
 def imports_of(name: str) -> list[tuple[str, bool]]:
@@ -62,26 +66,49 @@ def imports_of(name: str) -> list[tuple[str, bool]]:
     return found
 
 
-def test_light_modules_load_no_heavy_package():
+def first_loaders(modules: list[str], packages: tuple[str, ...]) -> dict[str, str]:
+    """Import ``modules`` in turn in a fresh interpreter: {package: the first module that loaded it,
+    and the line of ours whose import did (``app.main via dedloc_core/catalog/store.py:9``)}."""
     code = f"""
-import importlib, json, sys
-heavy = {HEAVY!r}
+import importlib, json, sys, traceback
+packages, root = {packages!r}, {str(ROOT) + os.sep!r}
+lines = {{}}
+
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name in packages and name not in lines:
+            ours = [f for f in traceback.extract_stack() if f.filename.startswith(root)]
+            lines[name] = f"{{ours[-1].filename[len(root):]}}:{{ours[-1].lineno}}" if ours else "?"
+        return None
+
+sys.meta_path.insert(0, Spy())
 culprits = {{}}
-for name in {LIGHT!r}:
-    before = {{h for h in heavy if h in sys.modules}}
+for name in {modules!r}:
+    before = {{p for p in packages if p in sys.modules}}
     importlib.import_module(name)
-    for h in heavy:
-        if h in sys.modules and h not in before:
-            culprits[h] = name
+    for p in packages:
+        if p in sys.modules and p not in before:
+            culprits[p] = f"{{name}} via {{lines.get(p, '?')}}"
 print(json.dumps(culprits))
 """
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QT_QPA_PLATFORM": "offscreen"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    culprits = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_light_modules_load_no_heavy_package():
+    culprits = first_loaders(LIGHT, HEAVY)
     assert culprits == {}, f"light modules load heavy packages (package: first module that did): {culprits}"
     assert len(LIGHT) > 25  # the walk found the light rooms
+
+
+def test_the_tray_app_loads_no_pydantic_or_ssl():
+    culprits = first_loaders(APP, NOT_IN_TRAY)
+    assert culprits == {}, ("the tray app's modules load what the tray must not hold (package: first module "
+                            f"that did; app.main comes first): {culprits}")
+    assert len(APP) > 15 and "app.windowhost" in APP  # the walk found the app
 
 
 def test_only_the_entry_points_import_the_engine():

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, time, timedelta
 
 import pytest
+from msgspec.structs import replace
 
 from dedloc_core.policy.contributor import Contributor, Pause, ReleaseWorker, Resume, SetLimits, StartWorker
 from dedloc_core.policy.idle import IdleSource
@@ -26,39 +27,39 @@ CASES = [
     ("present: pause", dict(idle_seconds=HERE), P, False, "using the computer"),
     ("just under N minutes: in use", dict(idle_seconds=179), P, False, "using"),
     ("N minutes: away", dict(idle_seconds=180), P, True, "Contributing"),
-    ("idle N from prefs", dict(idle_seconds=400), P.model_copy(update={"idle_minutes": 10}), False, "using"),
-    ("present, not idle-only: run", dict(idle_seconds=HERE), P.model_copy(update={"idle_only": False}), True,
+    ("idle N from prefs", dict(idle_seconds=400), replace(P, idle_minutes=10), False, "using"),
+    ("present, not idle-only: run", dict(idle_seconds=HERE), replace(P, idle_only=False), True,
      "you are using the computer: 25% CPU"),
     ("no idle source: schedule only", dict(idle_seconds=None), P, True, "no idle detection"),
-    ("no idle source, outside schedule", dict(idle_seconds=None), P.model_copy(update={"schedule": NIGHTS}),
+    ("no idle source, outside schedule", dict(idle_seconds=None), replace(P, schedule=NIGHTS),
      False, "Outside your schedule"),
     ("user pause", dict(idle_seconds=AWAY, user_paused=True), P, False, "Paused by you"),
     ("snoozed", dict(idle_seconds=AWAY, snoozed_until=MON_14H + timedelta(hours=1)), P, False,
      "Snoozed until 15:00"),
     ("snooze over", dict(idle_seconds=AWAY, snoozed_until=MON_14H - timedelta(seconds=1)), P, True, "Contributing"),
     ("on battery", dict(idle_seconds=AWAY, on_battery=True), P, False, "battery"),
-    ("on battery allowed", dict(idle_seconds=AWAY, on_battery=True), P.model_copy(update={"run_on_battery": True}),
+    ("on battery allowed", dict(idle_seconds=AWAY, on_battery=True), replace(P, run_on_battery=True),
      True, "Contributing"),
-    ("outside schedule", dict(idle_seconds=AWAY), P.model_copy(update={"schedule": NIGHTS}), False,
+    ("outside schedule", dict(idle_seconds=AWAY), replace(P, schedule=NIGHTS), False,
      "Mon, Tue, Wed, Thu, Fri 22:00-06:30"),
     ("inside schedule (overnight)", dict(idle_seconds=AWAY, now=datetime(2026, 11, 24, 3, 0)),
-     P.model_copy(update={"schedule": NIGHTS}), True, "Contributing"),
+     replace(P, schedule=NIGHTS), True, "Contributing"),
     ("Saturday night after Friday's window", dict(idle_seconds=AWAY, now=datetime(2026, 11, 28, 6, 0)),
-     P.model_copy(update={"schedule": NIGHTS}), True, "Contributing"),
+     replace(P, schedule=NIGHTS), True, "Contributing"),
     ("Sunday night: no window", dict(idle_seconds=AWAY, now=datetime(2026, 11, 29, 23, 0)),
-     P.model_copy(update={"schedule": NIGHTS}), False, "Outside"),
+     replace(P, schedule=NIGHTS), False, "Outside"),
     ("other programs' CPU", dict(idle_seconds=AWAY, other_cpu_percent=73.4), P, False, "Other programs use 73%"),
     ("other CPU under the limit", dict(idle_seconds=AWAY, other_cpu_percent=40), P, True, "Contributing"),
     ("other CPU check off", dict(idle_seconds=AWAY, other_cpu_percent=99),
-     P.model_copy(update={"other_cpu_limit": None}), True, "Contributing"),
+     replace(P, other_cpu_limit=None), True, "Contributing"),
     ("a game runs", dict(idle_seconds=AWAY, programs=frozenset({"bash", "Game.EXE"})),
-     P.model_copy(update={"blocking_programs": ["game"]}), False, "game is running"),
+     replace(P, blocking_programs=["game"]), False, "game is running"),
     ("another program runs", dict(idle_seconds=AWAY, programs=frozenset({"bash"})),
-     P.model_copy(update={"blocking_programs": ["game"]}), True, "Contributing"),
+     replace(P, blocking_programs=["game"]), True, "Contributing"),
     ("GPU used by another program", dict(idle_seconds=AWAY, gpu_busy=True), P, True, "GPU left to another program"),
     ("GPU snoozed", dict(idle_seconds=AWAY, gpu_snoozed_until=MON_14H + timedelta(minutes=30)), P, True,
      "GPU snoozed until 14:30"),
-    ("quota used", dict(idle_seconds=AWAY, quota_used=True), P.model_copy(update={"daily_quota_mb": 100}), False,
+    ("quota used", dict(idle_seconds=AWAY, quota_used=True), replace(P, daily_quota_mb=100), False,
      "quota (100 MB)"),
     ("pause beats everything", dict(idle_seconds=AWAY, user_paused=True, on_battery=True, quota_used=True), P,
      False, "Paused by you"),
@@ -75,21 +76,21 @@ def test_decide(name, given, prefs, run, words):
 # (name, inputs, prefs, expected limits fields)
 LIMIT_CASES = [
     ("away: idle share, GPU on", dict(idle_seconds=AWAY), P, dict(cpu_threads=8, use_gpu=True)),
-    ("in use: in-use share, GPU off", dict(idle_seconds=HERE), P.model_copy(update={"idle_only": False}),
+    ("in use: in-use share, GPU off", dict(idle_seconds=HERE), replace(P, idle_only=False),
      dict(cpu_threads=2, use_gpu=False)),
     ("in use, GPU allowed while in use", dict(idle_seconds=HERE),
-     P.model_copy(update={"idle_only": False, "gpu_while_in_use": True}), dict(use_gpu=True)),
-    ("GPU off in prefs", dict(idle_seconds=AWAY), P.model_copy(update={"use_gpu": False}), dict(use_gpu=False)),
+     replace(P, idle_only=False, gpu_while_in_use=True), dict(use_gpu=True)),
+    ("GPU off in prefs", dict(idle_seconds=AWAY), replace(P, use_gpu=False), dict(use_gpu=False)),
     ("GPU busy", dict(idle_seconds=AWAY, gpu_busy=True), P, dict(use_gpu=False)),
     ("GPU snoozed", dict(idle_seconds=AWAY, gpu_snoozed_until=MON_14H + timedelta(minutes=1)), P,
      dict(use_gpu=False)),
-    ("caps", dict(idle_seconds=AWAY), P.model_copy(update={"upload_cap_kbs": 250, "download_cap_kbs": 500,
-                                                           "gpu_memory_cap_mb": 2048}),
+    ("caps", dict(idle_seconds=AWAY), replace(P, upload_cap_kbs=250, download_cap_kbs=500,
+                                                           gpu_memory_cap_mb=2048),
      dict(upload_bps=250_000, download_bps=500_000, gpu_memory_mb=2048)),
     ("no caps: 0", dict(idle_seconds=AWAY), P, dict(upload_bps=0, download_bps=0, gpu_memory_mb=0)),
-    ("one thread at least", dict(idle_seconds=HERE, threads=1), P.model_copy(update={"idle_only": False}),
+    ("one thread at least", dict(idle_seconds=HERE, threads=1), replace(P, idle_only=False),
      dict(cpu_threads=1)),
-    ("share of 6 threads", dict(idle_seconds=AWAY, threads=6), P.model_copy(update={"cpu_share_idle": 50}),
+    ("share of 6 threads", dict(idle_seconds=AWAY, threads=6), replace(P, cpu_share_idle=50),
      dict(cpu_threads=3)),
 ]
 
@@ -136,7 +137,7 @@ def contributor(prefs: Preferences = P, idle_value: float | None = AWAY, gpu_bus
     clock = Clock()
     source = ScriptedIdle(idle_value)
     gpu = FixedGpuProbe(gpu_busy)
-    c = Contributor(prefs.model_copy(update={"other_cpu_limit": None}), Sampler(source, gpu, slow_period=0.0),
+    c = Contributor(replace(prefs, other_cpu_limit=None), Sampler(source, gpu, slow_period=0.0),
                     clock=lambda: clock.wall, monotonic=lambda: clock.mono)
     return c, clock, source, gpu
 
@@ -159,7 +160,7 @@ def test_contributor_starts_pauses_resumes():
 
 
 def test_contributor_limits_follow_the_user():
-    c, clock, source, gpu = contributor(P.model_copy(update={"idle_only": False}))
+    c, clock, source, gpu = contributor(replace(P, idle_only=False))
     c.tick()
     source.value = 1.0
     (change,) = c.tick()
@@ -172,7 +173,7 @@ def test_contributor_limits_follow_the_user():
 
 
 def test_long_pause_releases_the_worker_and_resume_restarts_it():
-    c, clock, source, _ = contributor(P.model_copy(update={"long_pause_minutes": 10}))
+    c, clock, source, _ = contributor(replace(P, long_pause_minutes=10))
     c.tick()
     source.value = 0.0
     assert isinstance(c.tick()[0], Pause)
@@ -201,7 +202,7 @@ def test_snooze_and_gpu_snooze():
 
 
 def test_daily_quota_pauses_until_midnight():
-    c, clock, source, _ = contributor(P.model_copy(update={"daily_quota_mb": 10}))
+    c, clock, source, _ = contributor(replace(P, daily_quota_mb=10))
     c.tick()
     c.on_stats(3_000_000, 3_000_000)
     assert c.tick() == []

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from datetime import time
 
+import msgspec
 import pytest
-from pydantic import ValidationError
 
 from dedloc_core import prefs
 from dedloc_core.prefs import Preferences, TimeWindow
@@ -56,12 +56,28 @@ def test_unversioned_file_is_migrated(tmp_path):
     assert loaded.warning is None and loaded.prefs.idle_only is False
 
 
-def test_invalid_assignment_is_refused():
+def test_invalid_values_are_refused():
     p = Preferences()
-    with pytest.raises(ValidationError):
-        p.cpu_share_idle = 0
-    with pytest.raises(ValidationError):
+    with pytest.raises(AttributeError):  # frozen: a change is a new, validated value
+        p.cpu_share_idle = 50  # type: ignore[misc]
+    with pytest.raises(msgspec.ValidationError, match="cpu_share_idle"):
+        prefs.validate({**prefs.to_json(p), "cpu_share_idle": 0})
+    with pytest.raises(ValueError, match="weekdays"):
         TimeWindow(days=(7,))
+    with pytest.raises(msgspec.ValidationError, match="weekdays"):
+        prefs.validate({"schedule": [{"days": [7]}]})
+
+
+def test_old_files_still_load(tmp_path):
+    """A file as the pydantic version of the app wrote it, and times written without seconds."""
+    path = tmp_path / "preferences.json"
+    path.write_text(json.dumps({"version": 1, "consent": True, "idle_minutes": 5.0, "other_cpu_limit": 50,
+                                "schedule": [{"days": [0, 4], "start": "22:00:00", "end": "06:30"}],
+                                "upload_cap_kbs": "200"}))
+    loaded = prefs.load(path)
+    assert loaded.warning is None
+    assert loaded.prefs.schedule == [TimeWindow(days=(0, 4), start=time(22), end=time(6, 30))]
+    assert loaded.prefs.upload_cap_kbs == 200 and loaded.prefs.idle_minutes == 5.0
 
 
 def test_schedule_text_round_trip():

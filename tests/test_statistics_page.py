@@ -12,6 +12,7 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+import msgspec  # noqa: E402
 import pytest  # noqa: E402
 from PySide6.QtGui import QColor  # noqa: E402
 
@@ -70,7 +71,7 @@ def swarm_summary(now: float) -> dict:
                                ("QmBob00000000000000000000000000000000000000002", "", 41_500),
                                ("QmCarol000000000000000000000000000000000000003", "Carol's lab", 12_000)):
         view.add_record(pid, name, samples, samples / 60, now - 5)
-    return view.summary(now=now).model_dump()
+    return msgspec.to_builtins(view.summary(now=now))
 
 
 @pytest.fixture

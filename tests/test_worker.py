@@ -19,6 +19,7 @@ from importlib import resources
 import psutil
 import pytest
 from conftest import CORPUS_MANIFEST, start_command, tiny_experiment
+from msgspec.structs import replace
 
 from dedloc_core.engine.channel import EventChannel, EventLogHandler
 from dedloc_core.organizer.httpserve import FileServer
@@ -263,7 +264,7 @@ def test_trains_pauses_within_a_second_resumes_and_stops_on_eof(spawn_worker, co
     began = time.monotonic()
     worker = spawn_worker()
     # Report after every micro-batch, so the stats just before "paused" are the samples at the pause.
-    command = start_command(corpus_server, worker.home).model_copy(update={"progress_period": 0.001})
+    command = replace(start_command(corpus_server, worker.home), progress_period=0.001)
     batch = command.experiment["batch_size_per_step"]
     events = start_training(worker, command)
     assert states(events)[:4] == ["idle", "preparing", "joining", "training"], describe(events)
@@ -414,7 +415,7 @@ def test_corrupt_shard_is_a_fatal_error_exit_3(spawn_worker):
 )
 def test_invalid_experiment_is_a_fatal_error_exit_3(spawn_worker, corpus_server, experiment):
     worker = spawn_worker()
-    command = start_command(corpus_server, worker.home).model_copy(update={"experiment": experiment})
+    command = replace(start_command(corpus_server, worker.home), experiment=experiment)
     assert worker.send(command)
     code = wait_exit(worker, 60)
     events = collect_to_end(worker, 5)

@@ -9,6 +9,7 @@ import threading
 import time
 
 from conftest import start_command
+from msgspec.structs import replace
 
 from dedloc_core.protocol import Stats
 from dedloc_core.workerproc import EVENT_BACKLOG, WorkerProcess
@@ -17,7 +18,7 @@ BATCH = 8  # the tiny experiment's batch_size_per_step
 
 
 def fast_start(server, home):
-    return start_command(server, home, target_batch_size=100_000).model_copy(update={"progress_period": 0.001})
+    return replace(start_command(server, home, target_batch_size=100_000), progress_period=0.001)
 
 
 def worker_env(home):

@@ -1,11 +1,10 @@
 """Contribution: when and how much this computer gives. The form is generated from the fields of
-``dedloc_core.prefs.Preferences`` (title = label, description = help, ge/le = ranges); Save validates
-the whole model and shows the first problem instead of saving it."""
+``dedloc_core.prefs.Preferences`` (their ``msgspec.Meta``: title = label, description = help, ge/le =
+ranges); Save validates the whole model and shows the first problem instead of saving it."""
 
 from __future__ import annotations
 
-import annotated_types
-from pydantic import ValidationError
+import msgspec
 from PySide6.QtWidgets import (
     QCheckBox,
     QDoubleSpinBox,
@@ -23,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from dedloc_core import prefs as prefs_mod
 from dedloc_core.prefs import Preferences
+from dedloc_core.schema import fields, problem
 
 from ..controller import Controller
 
@@ -33,16 +33,12 @@ SECTIONS = {
     "You": ["display_name", "start_at_login"],
 }
 OFF = "Off"
+FIELDS = fields(Preferences)
 
 
 def _bounds(name: str) -> tuple[float, float]:
-    low, high = 0.0, 1e9
-    for item in Preferences.model_fields[name].metadata:
-        if isinstance(item, annotated_types.Ge):
-            low = float(item.ge)
-        elif isinstance(item, annotated_types.Le):
-            high = float(item.le)
-    return low, high
+    field = FIELDS[name]
+    return (0.0 if field.ge is None else float(field.ge)), (1e9 if field.le is None else float(field.le))
 
 
 class ContributionPage(QWidget):
@@ -58,7 +54,7 @@ class ContributionPage(QWidget):
             for name in names:
                 widget = self._widget(name)
                 self.widgets[name] = widget
-                field = Preferences.model_fields[name]
+                field = FIELDS[name]
                 if isinstance(widget, QCheckBox):
                     form.addRow(widget)
                 else:
@@ -87,7 +83,7 @@ class ContributionPage(QWidget):
         self.load(controller.prefs)
 
     def _widget(self, name: str) -> QWidget:
-        field = Preferences.model_fields[name]
+        field = FIELDS[name]
         kind = field.annotation
         if kind is bool:
             return QCheckBox(field.title)
@@ -124,7 +120,7 @@ class ContributionPage(QWidget):
         self.message.clear()
 
     def values(self) -> dict:
-        data = self.controller.prefs.model_dump()
+        data = prefs_mod.to_json(self.controller.prefs)
         for name, widget in self.widgets.items():
             if isinstance(widget, QCheckBox):
                 data[name] = widget.isChecked()
@@ -132,7 +128,7 @@ class ContributionPage(QWidget):
                 off = widget.specialValueText() == OFF and widget.value() == widget.minimum()
                 data[name] = None if off else widget.value()
             elif name == "schedule":
-                data[name] = prefs_mod.parse_schedule(widget.text())
+                data[name] = msgspec.to_builtins(prefs_mod.parse_schedule(widget.text()))
             elif name == "blocking_programs":
                 data[name] = [p for p in widget.text().split(",")]
             else:
@@ -141,12 +137,12 @@ class ContributionPage(QWidget):
 
     def save(self) -> bool:
         try:
-            new = Preferences.model_validate(self.values())
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = Preferences.model_fields.get(str(first["loc"][0])) if first["loc"] else None
+            new = prefs_mod.validate(self.values())
+        except msgspec.ValidationError as exc:
+            path, reason = problem(exc)
+            field = FIELDS.get(path.partition(".")[0].partition("[")[0])
             where = field.title if field and field.title else "Preferences"
-            self._say(f"Not saved. {where}: {first['msg']}", error=True)
+            self._say(f"Not saved. {where}: {reason}", error=True)
             return False
         except ValueError as exc:  # the schedule text
             self._say(f"Not saved. Schedule: {exc}", error=True)

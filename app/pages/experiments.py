@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
+import msgspec
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -210,7 +211,7 @@ class ExperimentsPage(QWidget):
             if not ok or not code.strip():
                 return
         if not self.controller.prefs.consent:
-            self.controller.save_prefs(self.controller.prefs.model_copy(update={"consent": True}))
+            self.controller.save_prefs(msgspec.structs.replace(self.controller.prefs, consent=True))
         if code:
             self.controller.join_with_invite(exp.id, code)
         else:

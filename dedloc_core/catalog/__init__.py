@@ -27,7 +27,8 @@ usable last good copy the store falls back to the catalog shipped in ``resources
 
 The code is organized as follows:
 
-- ``model``: the schema (experiments, data sources, hardware minimums) and ``validate_catalog``.
+- ``model``: the schema (experiments, data sources, hardware minimums; msgspec Structs),
+  ``validate_catalog`` and ``catalog_json``.
 - ``recipes``: the built-in recipes' names and parameter schemas (the engine builds the recipes).
 - ``shards``: the data shard model (URL, sha256, size) and ``resolve_url``.
 - ``signing``: organizer keys (``cryptography``, imported only where keys are used), ``sign_catalog``,
@@ -37,7 +38,8 @@ The code is organized as follows:
 - ``child``: runs the store in a short-lived child process for the tray app.
 - ``cli``: ``dedloc catalog keygen | sign | verify | show | add | list | remove``.
 
-A light room: pydantic and the standard library; the tray app imports it. Never torch or hivemind.
+A light room: msgspec and the standard library (``urllib.request``, which loads ``ssl``, only inside
+the functions that fetch); the tray app imports it. Never torch, hivemind or pydantic.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from .model import (
     DilocoParams,
     Experiment,
     HardwareMinimums,
+    catalog_json,
     validate_catalog,
 )
 from .signing import (
@@ -67,7 +70,7 @@ from .store import CatalogStore, LoadResult, fetch_catalog
 
 __all__ = [
     "ENVELOPE_FORMAT", "MAX_CATALOG_BYTES", "PASSPHRASE_ENV", "Catalog", "CatalogStore", "DataSource",
-    "DilocoParams", "Experiment", "HardwareMinimums", "LoadResult", "fetch_catalog", "generate_keypair", "key_id",
-    "load_private_key", "load_trusted_keys", "parse_public_key", "public_key_line", "sign_catalog",
-    "validate_catalog", "verify_catalog",
+    "DilocoParams", "Experiment", "HardwareMinimums", "LoadResult", "catalog_json", "fetch_catalog",
+    "generate_keypair", "key_id", "load_private_key", "load_trusted_keys", "parse_public_key", "public_key_line",
+    "sign_catalog", "validate_catalog", "verify_catalog",
 ]

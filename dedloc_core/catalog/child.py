@@ -4,7 +4,7 @@ Signature checks need ``cryptography`` (about 12 MB resident once loaded), and t
 untrusted input; the tray app keeps neither in its own long-lived process. The child runs
 ``CatalogStore.refresh`` (or ``load_default``) exactly as the app would, then prints one JSON
 object: the verified catalog's payload, the error, the source. The app validates the payload
-against the schema again (pydantic only) and gets the same ``LoadResult``. When the child fails, the
+against the schema again (msgspec only) and gets the same ``LoadResult``. When the child fails, the
 app keeps what it had and says so; it never checks signatures itself.
 
     python -m dedloc_core.catalog.child        (the frozen app: ``dedloc --catalog-child``)
@@ -18,12 +18,14 @@ import subprocess
 import sys
 from dataclasses import asdict
 
+import msgspec
+
 from dedloc_core import joining
 from dedloc_core.errors import CatalogError
 from dedloc_core.workerproc import dedloc_command
 
 from . import sources
-from .model import Catalog, catalog_error
+from .model import Catalog, catalog_error, catalog_json
 from .signing import load_trusted_keys
 from .store import CatalogStore, LoadResult, SourceState
 
@@ -70,17 +72,22 @@ def _unerror(data: dict | None) -> CatalogError | None:
 
 def encode(result: LoadResult) -> str:
     return json.dumps({
-        "catalog": result.catalog.model_dump_json() if result.catalog else None,
+        "catalog": catalog_json(result.catalog) if result.catalog else None,
         "error": _error(result.error), "source": result.source, "expired": result.expired,
         "sources": [{**asdict(s), "error": _error(s.error)} for s in result.sources],
         "origins": dict(result.origins),
     })
 
 
+def _catalog(text: str | None) -> Catalog | None:
+    """The catalog the child sent, checked against the schema again (msgspec's errors are ValueErrors)."""
+    return msgspec.json.decode(text, type=Catalog) if text is not None else None
+
+
 def decode(text: str) -> LoadResult:
     data = json.loads(text)
     return LoadResult(
-        catalog=Catalog.model_validate_json(data["catalog"]) if data["catalog"] is not None else None,
+        catalog=_catalog(data["catalog"]),
         error=_unerror(data["error"]), source=data["source"], expired=bool(data["expired"]),
         sources=tuple(SourceState(**{**s, "error": _unerror(s["error"])}) for s in data.get("sources", [])),
         origins={str(k): (str(v) if v is not None else None) for k, v in data.get("origins", {}).items()})
@@ -114,7 +121,7 @@ def inspect(url: str, key_b64: str, timeout: float = TIMEOUT) -> tuple[Catalog |
         out = subprocess.run(command() + ["--inspect", url, key_b64], capture_output=True, text=True,
                              timeout=timeout, check=True)
         data = json.loads(out.stdout.strip().splitlines()[-1])
-        catalog = Catalog.model_validate_json(data["catalog"]) if data["catalog"] is not None else None
+        catalog = _catalog(data["catalog"])
         return catalog, _unerror(data["error"])
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError, TypeError, AttributeError,
             RecursionError) as exc:  # RecursionError: json.loads of a very deeply nested answer
@@ -127,7 +134,7 @@ def _inspect_here(url: str, key_b64: str) -> str:
         catalog = sources.inspect(url, key_b64)
     except CatalogError as exc:
         return json.dumps({"catalog": None, "error": _error(exc)})
-    return json.dumps({"catalog": catalog.model_dump_json(), "error": None})
+    return json.dumps({"catalog": catalog_json(catalog), "error": None})
 
 
 def main(argv: list[str] | None = None) -> int:

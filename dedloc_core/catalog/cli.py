@@ -17,6 +17,8 @@ from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 
+import msgspec
+
 from dedloc_core.errors import EXIT_EXPLAINED, CatalogError, DedlocError, report, user_message
 
 from . import sources
@@ -109,7 +111,7 @@ def _verify(args: argparse.Namespace) -> int:
             return msg.exit_code
         raise
     if args.json:
-        print(json.dumps({"ok": True, "catalog": catalog.model_dump(mode="json")}))
+        print(json.dumps({"ok": True, "catalog": msgspec.to_builtins(catalog)}))
         return 0
     print(f"catalog {catalog.catalog_id}, issued {catalog.issued_at.isoformat()}, "
           f"expires {catalog.expires_at.isoformat()}")

@@ -6,45 +6,45 @@ parameters from here.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import msgspec
+from msgspec import Meta
 
 from dedloc_core.errors import RecipeError
+from dedloc_core.schema import describe
 
 
-class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Params(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    pass
 
 
 class TinyLMParams(_Params):
     """A small causal transformer over bytes (vocabulary 256)."""
 
-    d_model: int = Field(256, ge=16, le=4096)
-    n_layers: int = Field(4, ge=1, le=48)
-    n_heads: int = Field(4, ge=1, le=64)
-    seq_len: int = Field(128, ge=8, le=4096)
-    dropout: float = Field(0.0, ge=0.0, le=0.9)
-    lr: float = Field(3e-3, gt=0.0, le=1.0)
-    weight_decay: float = Field(0.01, ge=0.0, le=1.0)
-    warmup_steps: int = Field(10, ge=0, le=1_000_000)
+    d_model: Annotated[int, Meta(ge=16, le=4096)] = 256
+    n_layers: Annotated[int, Meta(ge=1, le=48)] = 4
+    n_heads: Annotated[int, Meta(ge=1, le=64)] = 4
+    seq_len: Annotated[int, Meta(ge=8, le=4096)] = 128
+    dropout: Annotated[float, Meta(ge=0.0, le=0.9)] = 0.0
+    lr: Annotated[float, Meta(gt=0.0, le=1.0)] = 3e-3
+    weight_decay: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.01
+    warmup_steps: Annotated[int, Meta(ge=0, le=1_000_000)] = 10
 
-    @model_validator(mode="after")
-    def _heads_divide(self) -> TinyLMParams:
+    def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        return self
 
 
 class AlbertMLMParams(_Params):
     """ALBERT masked-LM pretraining (factorized embeddings, cross-layer sharing)."""
 
     size: Literal["tiny", "base", "large"] = "tiny"
-    seq_len: int = Field(128, ge=16, le=1024)
-    mask_prob: float = Field(0.15, gt=0.0, lt=1.0)
-    lr: float = Field(1e-3, gt=0.0, le=1.0)
-    weight_decay: float = Field(0.01, ge=0.0, le=1.0)
-    warmup_steps: int = Field(10, ge=0, le=1_000_000)
+    seq_len: Annotated[int, Meta(ge=16, le=1024)] = 128
+    mask_prob: Annotated[float, Meta(gt=0.0, lt=1.0)] = 0.15
+    lr: Annotated[float, Meta(gt=0.0, le=1.0)] = 1e-3
+    weight_decay: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.01
+    warmup_steps: Annotated[int, Meta(ge=0, le=1_000_000)] = 10
 
 
 PARAMS_BY_RECIPE: dict[str, type[_Params]] = {
@@ -55,10 +55,11 @@ RECIPE_NAMES: frozenset[str] = frozenset(PARAMS_BY_RECIPE)
 
 
 def validate_params(name: str, params: dict[str, Any]):
-    """Return the typed parameters of recipe ``name``; raise RecipeError if unknown or invalid."""
+    """Return the typed parameters of recipe ``name``; raise RecipeError if unknown or invalid (its
+    ``__cause__`` is then the ``msgspec.ValidationError``). Numbers given as text are accepted."""
     if name not in PARAMS_BY_RECIPE:
         raise RecipeError(f"Unknown recipe {name!r}; this app knows {sorted(RECIPE_NAMES)}.")
     try:
-        return PARAMS_BY_RECIPE[name].model_validate(params)
-    except ValueError as exc:
-        raise RecipeError(f"Invalid parameters for recipe {name!r}: {exc}") from exc
+        return msgspec.convert(params, PARAMS_BY_RECIPE[name], strict=False)
+    except msgspec.ValidationError as exc:
+        raise RecipeError(f"Invalid parameters for recipe {name!r}: {describe(exc)}") from exc

@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 from urllib.parse import SplitResult, unquote, urljoin, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import msgspec
+from msgspec import Meta
 
 from dedloc_core.errors import ShardError
 
@@ -18,21 +20,18 @@ __all__ = ["Shard", "resolve_url"]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class Shard(BaseModel):
-    """One data shard. ``url`` is absolute (http/https) or relative to the experiment's data base URL."""
+class Shard(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One data shard. ``url`` is absolute (http/https) or relative to the experiment's data base URL.
+    Build it from untrusted data with ``msgspec.convert(data, Shard)``, which checks the lengths and
+    the size; the sha256 is checked either way."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    url: str = Field(min_length=1, max_length=2048)
+    url: Annotated[str, Meta(min_length=1, max_length=2048)]
     sha256: str
-    size: int = Field(gt=0, le=64 * 2**30)
+    size: Annotated[int, Meta(gt=0, le=64 * 2**30)]
 
-    @field_validator("sha256")
-    @classmethod
-    def _hex(cls, value: str) -> str:
-        if not _SHA256.fullmatch(value):  # fullmatch: "$" alone lets a trailing newline through
-            raise ValueError("sha256 must be 64 lowercase hex digits")
-        return value
+    def __post_init__(self) -> None:
+        if not isinstance(self.sha256, str) or not _SHA256.fullmatch(self.sha256):  # fullmatch: "$" alone
+            raise ValueError("sha256 must be 64 lowercase hex digits")  # lets a trailing newline through
 
 
 def resolve_url(shard: Shard, base_url: str | None) -> str:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from dedloc_core.paths import resource
 
-from .model import ENVELOPE_FORMAT, MAX_CATALOG_BYTES, Catalog, catalog_error, validate_catalog
+from .model import ENVELOPE_FORMAT, MAX_CATALOG_BYTES, Catalog, catalog_error, catalog_json, validate_catalog
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -122,7 +122,7 @@ def load_trusted_keys(paths: Iterable[Path | str] | None = None) -> dict[str, Ed
 def sign_catalog(catalog: Catalog | str | bytes, private_key: Ed25519PrivateKey,
                  now: datetime | None = None) -> bytes:
     """The signed envelope of ``catalog`` (validated first; JSON text is signed exactly as given)."""
-    payload = catalog.model_dump_json(indent=1) if isinstance(catalog, Catalog) else (
+    payload = catalog_json(catalog, indent=1) if isinstance(catalog, Catalog) else (
         catalog.decode("utf-8") if isinstance(catalog, bytes) else catalog)
     checked = validate_catalog(payload)
     if checked.is_expired(now):

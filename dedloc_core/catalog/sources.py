@@ -21,16 +21,16 @@ import hashlib
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import parse_qs, urljoin, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import msgspec
+from msgspec import Meta
 
 from dedloc_core import paths
 from dedloc_core.errors import CatalogError
+from dedloc_core.schema import describe
 
 from .model import Catalog, catalog_error
 from .signing import verify_catalog
@@ -77,33 +77,22 @@ def _check_url(url: str) -> str:
     return url
 
 
-class Source(BaseModel):
-    """One catalog source: a URL and the organizer key it is pinned to."""
+class Source(msgspec.Struct, frozen=True):
+    """One catalog source: a URL and the organizer key it is pinned to. The URL and the key are
+    checked however it is made (a bad one raises ValueError); the lengths when it is read from a file."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    url: str = Field(max_length=2048)
-    key: str = Field(max_length=64, description="base64 of the raw Ed25519 public key")
-    name: str = Field("", max_length=200, description="the organizer, as the catalog names it")
+    url: Annotated[str, Meta(max_length=2048)]
+    key: Annotated[str, Meta(max_length=64, description="base64 of the raw Ed25519 public key")]
+    name: Annotated[str, Meta(max_length=200, description="the organizer, as the catalog names it")] = ""
     builtin: bool = False
     added_at: float = 0.0
 
-    @field_validator("url")
-    @classmethod
-    def _url(cls, url: str) -> str:
+    def __post_init__(self) -> None:
         try:
-            return _check_url(url)
+            _check_url(self.url)
+            _raw_key(self.key)
         except CatalogError as exc:
             raise ValueError(exc.message) from None
-
-    @field_validator("key")
-    @classmethod
-    def _key(cls, key: str) -> str:
-        try:
-            _raw_key(key)
-        except CatalogError as exc:
-            raise ValueError(exc.message) from None
-        return key
 
     @property
     def fingerprint(self) -> str:
@@ -149,6 +138,9 @@ def add_link(url: str, key_b64: str) -> str:
 def fetch_key(url: str, expected_fingerprint: str, timeout: float = 10.0) -> str:
     """The key published as ``catalog.pub`` next to the catalog at ``url``, checked against the
     fingerprint the person typed; returns its base64."""
+    import urllib.error
+    import urllib.request  # here: it loads ssl (a few MB), which the tray app never needs
+
     key_url = urljoin(_check_url(url), "catalog.pub")
     try:
         with urllib.request.urlopen(key_url, timeout=timeout) as response:  # noqa: S310 - http(s) checked
@@ -173,13 +165,12 @@ def builtin_source() -> Source | None:
         key_line = paths.resource("trusted_keys", data["key_file"]).read_text()
         key = next(line.split()[1] for line in key_line.splitlines() if line.startswith("ed25519 "))
         return Source(url=data["url"], key=key, name=data.get("name", ""), builtin=True) if data.get("url") else None
-    except (OSError, KeyError, ValueError, StopIteration, ValidationError) as exc:
+    except (OSError, KeyError, ValueError, StopIteration) as exc:  # a bad URL or key: ValueError
         logger.warning("No built-in catalog source: %s", exc)
         return None
 
 
-class _File(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _File(msgspec.Struct):
     version: int = SOURCES_VERSION
     sources: list[Source] = []
 
@@ -198,7 +189,8 @@ class SourceList:
         return ([builtin] if builtin else []) + [s for s in self.added if not builtin or s.url != builtin.url]
 
     def add(self, url: str, key_b64: str, name: str = "") -> Source:
-        source = Source(url=url, key=key_b64, name=name, added_at=time.time())
+        # convert checks the lengths too (a name too long to load back would cost the whole file)
+        source = msgspec.convert({"url": url, "key": key_b64, "name": name, "added_at": time.time()}, Source)
         self.added = [s for s in self.added if s.url != source.url] + [source]
         self._save()
         return source
@@ -220,20 +212,21 @@ class SourceList:
             self.warning = f"The catalog sources file could not be read ({exc.strerror})."
             return []
         try:
-            return _File.model_validate_json(raw).sources
-        except ValidationError as exc:
+            return msgspec.json.decode(raw, type=_File).sources
+        except (msgspec.DecodeError, RecursionError) as exc:
             backup = self.path.with_name(f"{self.path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
             try:
                 self.path.replace(backup)
             except OSError:
                 pass
-            self.warning = (f"The catalog sources file was unreadable ({exc.error_count()} problems) and was kept "
+            why = describe(exc, "file") if isinstance(exc, msgspec.ValidationError) else "not JSON"
+            self.warning = (f"The catalog sources file was unreadable ({why}) and was kept "
                             f"as {backup.name}; only the built-in source is in use.")
             logger.warning(self.warning)
             return []
 
     def _save(self) -> None:
-        data = _File(sources=self.added).model_dump_json(indent=2)
+        data = msgspec.json.format(msgspec.json.encode(_File(sources=self.added)), indent=2).decode()
         paths.atomic_write(self.path, (data + "\n").encode())
 
 
@@ -269,7 +262,7 @@ def merge(main: LoadResult, main_state: SourceState, added: list[tuple[Source, L
             count += 1
         states.append(SourceState(source.url, source.label(), source.fingerprint, False, count, error))
     base = main.catalog or next((r.catalog for _, r in added if r.catalog), None)
-    catalog = base.model_copy(update={"experiments": experiments}) if base else None
+    catalog = msgspec.structs.replace(base, experiments=experiments) if base else None
     return LoadResult(catalog, main.error, main.source, main.expired, tuple(states), origins)
 
 

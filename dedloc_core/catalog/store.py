@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +29,9 @@ logger = logging.getLogger(__name__)
 # -------------------------------------------------------------------------------------- loading
 def fetch_catalog(url: str, timeout: float = 10, max_bytes: int = MAX_CATALOG_BYTES) -> bytes:
     """Download a signed catalog over http(s); raise CatalogError (unreachable, too_large, bad_url)."""
+    import urllib.error
+    import urllib.request  # here: it loads ssl (a few MB), which the tray app never needs
+
     if urlsplit(url).scheme.lower() not in ("http", "https") or not urlsplit(url).hostname:
         raise catalog_error("bad_url", f"The catalog URL {url!r} must be an http or https URL.")
 

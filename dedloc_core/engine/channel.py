@@ -89,8 +89,7 @@ class Control:
         elif isinstance(command, Resume):
             self.paused.clear()
         elif isinstance(command, SetLimits):
-            update = command.limits.model_dump(exclude_none=True)
-            self.limits = self.limits.model_copy(update=update)
+            self.limits = self.limits.merged(command.limits)
             self.limits_changed.set()
         elif isinstance(command, Stop):
             self.stop.set()

@@ -44,7 +44,7 @@ def lower_priority(nice: int | None = None) -> None:
 
 def merged(base: Limits, update: Limits) -> Limits:
     """``base`` with the fields that ``update`` sets."""
-    return base.model_copy(update=update.model_dump(exclude_none=True))
+    return base.merged(update)
 
 
 def apply_cpu_and_network(limits: Limits) -> None:

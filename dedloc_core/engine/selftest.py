@@ -18,6 +18,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
+import msgspec
+
 from dedloc_core import __version__, paths
 from dedloc_core.errors import DedlocError, report, user_message
 from dedloc_core.protocol import Error, Limits, Progress, Start, State
@@ -97,7 +99,7 @@ def _experiment(root: Path, exp_id: str) -> dict:
     if exp is None:
         known = ", ".join(e.id for e in result.catalog.experiments)
         raise SelfTestFailed("catalog", f"The shipped catalog has no experiment {exp_id!r} (it has {known}).")
-    data = exp.model_dump(mode="json")
+    data = msgspec.to_builtins(exp)
     if exp.recipe == "tiny-lm":
         data["recipe_params"] = SMALL
     data.update(status="active", run_id=f"selftest_{os.getpid()}", batch_size_per_step=BATCH,

@@ -5,7 +5,6 @@ Imports torch and hivemind; only the worker process imports this module.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -17,7 +16,7 @@ import psutil
 import torch
 
 from dedloc_core import paths
-from dedloc_core.catalog import Experiment
+from dedloc_core.catalog.model import experiment_from
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
 
@@ -59,7 +58,7 @@ class Session:
 
     def __enter__(self) -> Session:
         try:
-            self.experiment = Experiment.model_validate_json(json.dumps(self.start.experiment))
+            self.experiment = experiment_from(self.start.experiment)
         except ValueError as exc:
             raise WorkerError(f"The experiment description is invalid: {exc}", code="bad_experiment") from exc
         exp = self.experiment

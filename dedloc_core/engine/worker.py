@@ -17,6 +17,8 @@ import os
 import sys
 import threading
 
+import msgspec
+
 from dedloc_core import __version__
 from dedloc_core.errors import EXIT_EXPLAINED, EXIT_UNEXPECTED, DedlocError, WorkerError, user_message
 from dedloc_core.protocol import Error, Hello, Start, State, Stop
@@ -74,7 +76,7 @@ def run(control: Control, channel: EventChannel) -> int:
                 break
             carried = session.totals()  # a fresh session: a new p2pd, the swarm's current state
             shards = None
-            command = command.model_copy(update={"start_paused": False})
+            command = msgspec.structs.replace(command, start_paused=False)
         channel.send(State(state="stopped", reason="Stopped"))
         return 0
     except DedlocError as exc:
@@ -99,12 +101,10 @@ def check_experiment(experiment: dict):
 
     The Session checks it again; this check only spares a bad experiment the seconds (and hundreds
     of MB) of importing torch and hivemind before it is reported."""
-    import json
-
-    from dedloc_core.catalog import Experiment
+    from dedloc_core.catalog.model import experiment_from
 
     try:
-        return Experiment.model_validate_json(json.dumps(experiment))
+        return experiment_from(experiment)
     except ValueError as exc:
         raise WorkerError(f"The experiment description is invalid: {exc}", code="bad_experiment") from exc
 

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from dedloc_core.errors import EXIT_EXPLAINED, EXIT_INTERRUPTED, DedlocError, report, user_message
 from dedloc_core.protocol import Error, Limits, Progress, Start, State
 from dedloc_core.workerproc import WorkerProcess, dedloc_command
@@ -95,7 +97,7 @@ class Demo:
         exp = result.catalog.get(self.args.experiment) if result.catalog else None
         if exp is None:
             raise DedlocError(f"No experiment {self.args.experiment!r} in the catalog.", title="Demo")
-        return exp.model_dump(mode="json")
+        return msgspec.to_builtins(exp)
 
     def _start_backbone(self) -> dict:
         ready_file = self.root / "backbone" / "ready.json"
@@ -218,7 +220,7 @@ class Demo:
             if summary.global_step >= reached or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        (self.root / "swarm.json").write_text(summary.model_dump_json(indent=1))
+        (self.root / "swarm.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=1))
         board = ", ".join(f"{c.name}: {c.samples}" for c in summary.leaderboard)
         print(f"Swarm at step {summary.global_step}; leaderboard: {board or '(empty)'}")
 

@@ -3,7 +3,7 @@
 The backbone feeds a ``SwarmView`` with the learning curve and the per-peer records it reads from
 the DHT (already checked by ``metrics.fetch``), and serves ``SwarmView.to_json()`` at
 ``/swarm.json``. The app fetches that document with ``fetch_summary`` (off the GUI thread) and gets
-a validated ``SwarmSummary``. Imports no torch, hivemind or Qt.
+a validated ``SwarmSummary`` (msgspec Structs). Imports no torch, hivemind, pydantic or Qt.
 
 A peer's ``samples`` count from zero in each worker session; the leaderboard adds the sessions up
 (a count that goes down starts a new session).
@@ -17,10 +17,13 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import msgspec
+from msgspec import Meta
 
 from dedloc_core.errors import DedlocError
+from dedloc_core.schema import coerce_floats, problem
 
 logger = logging.getLogger(__name__)
 
@@ -29,21 +32,24 @@ ACTIVE_SECONDS = 120.0  # a peer seen this recently counts as active on the lead
 MAX_SUMMARY_BYTES = 4 << 20
 
 
-class CurvePoint(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Doc(msgspec.Struct):
+    def __post_init__(self) -> None:
+        coerce_floats(self)
+
+
+class CurvePoint(_Doc):
     time: float
-    step: int = Field(ge=0)
+    step: Annotated[int, Meta(ge=0)]
     loss: float | None = None
-    samples_per_second: float = Field(0.0, ge=0.0)
-    num_peers: int = Field(0, ge=0)
+    samples_per_second: Annotated[float, Meta(ge=0.0)] = 0.0
+    num_peers: Annotated[int, Meta(ge=0)] = 0
 
 
-class Contributor(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    peer_id: str = Field(max_length=128)
-    display_name: str = Field("", max_length=64)
-    samples: int = Field(ge=0)
-    compute_seconds: float = Field(0.0, ge=0.0)
+class Contributor(_Doc, kw_only=True):
+    peer_id: Annotated[str, Meta(max_length=128)]
+    display_name: Annotated[str, Meta(max_length=64)] = ""
+    samples: Annotated[int, Meta(ge=0)]
+    compute_seconds: Annotated[float, Meta(ge=0.0)] = 0.0
     last_seen: float = 0.0
     active: bool = False
 
@@ -53,13 +59,12 @@ class Contributor(BaseModel):
         return self.display_name.strip() or short_peer_id(self.peer_id)
 
 
-class SwarmSummary(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class SwarmSummary(_Doc):
     run_id: str = ""
     updated: float = 0.0
-    global_step: int = Field(0, ge=0)
-    samples_per_second: float = Field(0.0, ge=0.0)
-    num_peers: int = Field(0, ge=0)
+    global_step: Annotated[int, Meta(ge=0)] = 0
+    samples_per_second: Annotated[float, Meta(ge=0.0)] = 0.0
+    num_peers: Annotated[int, Meta(ge=0)] = 0
     learning_curve: list[CurvePoint] = []
     leaderboard: list[Contributor] = []
 
@@ -86,8 +91,8 @@ class SwarmView:
     def add_point(self, point: dict) -> None:
         """One learning-curve entry (as the backbone writes to learning_curve.jsonl)."""
         try:
-            parsed = CurvePoint.model_validate(point)
-        except ValidationError:
+            parsed = msgspec.convert(point, CurvePoint, strict=False)
+        except msgspec.ValidationError:
             return
         with self._lock:
             self._curve.append(parsed)
@@ -123,7 +128,7 @@ class SwarmView:
                             num_peers=peers, learning_curve=curve, leaderboard=board)
 
     def to_json(self) -> bytes:
-        return self.summary().model_dump_json().encode()
+        return msgspec.json.encode(self.summary())
 
     @classmethod
     def load(cls, run_dir: Path, run_id: str = "") -> SwarmView:
@@ -155,13 +160,14 @@ class SwarmUnavailable(DedlocError):
 def parse_summary(data: bytes | str | dict) -> SwarmSummary:
     """Validate a swarm summary; raise ``SwarmUnavailable`` with a clear message if it is bad."""
     try:
-        if isinstance(data, dict):
-            return SwarmSummary.model_validate(data)
-        return SwarmSummary.model_validate_json(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise SwarmUnavailable(f"The swarm summary is malformed ({where}: {first['msg']}).") from exc
+        if not isinstance(data, dict):
+            data = json.loads(data)
+        return msgspec.convert(data, SwarmSummary, strict=False)
+    except msgspec.ValidationError as exc:
+        where, reason = problem(exc)
+        raise SwarmUnavailable(f"The swarm summary is malformed ({where or 'summary'}: {reason}).") from exc
+    except (ValueError, RecursionError) as exc:  # not JSON (UnicodeDecodeError is a ValueError)
+        raise SwarmUnavailable(f"The swarm summary is malformed (not JSON: {str(exc)[:200]}).") from exc
 
 
 def fetch_summary(url: str, timeout: float = 10.0) -> SwarmSummary:
