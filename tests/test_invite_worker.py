@@ -6,7 +6,6 @@ one without a code with invite_missing."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
@@ -28,40 +27,38 @@ def secret_service(monkeypatch, tmp_path):
     import keyring
     from keyring.backends import SecretService
 
-    stack = contextlib.ExitStack()
-    address = stack.enter_context(dbus_session())
-    # its own keyring directory: a login keyring left in ~ with another password stays locked
-    data = tmp_path / "keyring-data"
-    data.mkdir()
-    env = {**os.environ, "DBUS_SESSION_BUS_ADDRESS": address, "XDG_RUNTIME_DIR": str(tmp_path),
-           "XDG_DATA_HOME": str(data)}
-    daemon = subprocess.Popen(["gnome-keyring-daemon", "--foreground", "--unlock", "--components=secrets"],
-                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    daemon.stdin.write(b"pw")
-    daemon.stdin.close()
-    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", address)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    previous = keyring.get_keyring()
-    keyring.set_keyring(SecretService.Keyring())
-    try:
-        from dedloc_core import secrets
+    with dbus_session() as address:
+        # its own keyring directory: a login keyring left in ~ with another password stays locked
+        data = tmp_path / "keyring-data"
+        data.mkdir()
+        env = {**os.environ, "DBUS_SESSION_BUS_ADDRESS": address, "XDG_RUNTIME_DIR": str(tmp_path),
+               "XDG_DATA_HOME": str(data)}
+        daemon = subprocess.Popen(["gnome-keyring-daemon", "--foreground", "--unlock", "--components=secrets"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        daemon.stdin.write(b"pw")
+        daemon.stdin.close()
+        monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", address)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+        previous = keyring.get_keyring()
+        keyring.set_keyring(SecretService.Keyring())
+        try:
+            from dedloc_core import secrets
 
-        deadline = time.monotonic() + 60  # the daemon takes the bus name in a moment (seconds on a busy CI)
-        while True:
-            try:
-                secrets.set_invite("probe", "x")  # a write: reading works before the collection is unlocked
-                secrets.delete_invite("probe")
-                break
-            except secrets.SecretError as exc:
-                if time.monotonic() > deadline or daemon.poll() is not None:
-                    raise AssertionError(f"gnome-keyring did not serve the session bus: {exc}") from exc
-                time.sleep(0.2)
-        yield
-    finally:
-        keyring.set_keyring(previous)
-        daemon.kill()
-        daemon.wait()
-        stack.close()
+            deadline = time.monotonic() + 60  # the daemon takes the bus name in a moment (seconds on a busy CI)
+            while True:
+                try:
+                    secrets.set_invite("probe", "x")  # a write: reading works before the collection is unlocked
+                    secrets.delete_invite("probe")
+                    break
+                except secrets.SecretError as exc:
+                    if time.monotonic() > deadline or daemon.poll() is not None:
+                        raise AssertionError(f"gnome-keyring did not serve the session bus: {exc}") from exc
+                    time.sleep(0.2)
+            yield
+        finally:
+            keyring.set_keyring(previous)
+            daemon.kill()
+            daemon.wait()
 
 
 def free_port() -> int:
