@@ -214,12 +214,13 @@ def peer_main(index: int, conf: dict, args: argparse.Namespace, work: Path) -> d
     wall = time.monotonic() - began
     if not attacker:
         honest_done.touch()
-    if not (attacker and barrier.count < args.steps + 1):  # a late attacker leaves without meeting
+    late = len(groups) < args.steps  # an attacker the honest peers went on without leaves without meeting
+    if not late:
         barrier.wait(timeout=300)  # nobody leaves while others still average
     eval_loss = float("nan") if attacker else recipe.evaluate(model, [], max_batches=args.eval_batches)
     out = dict(eval_loss=eval_loss, epoch=opt.local_epoch, groups=groups, wall=wall,
                digest=swarm.param_digest(model), missed=barrier.missed)
-    if not (attacker and barrier.count < args.steps + 2):
+    if not late:
         barrier.wait(timeout=300)
     opt.shutdown()
     dht.shutdown()
