@@ -289,11 +289,13 @@ class Controller(ControllerView):
         if exp.status != "active":
             self.note("WARNING", f"{exp.title} is {exp.status}; it cannot be joined now.")
             return False
+        if self.joined is not None and self.joined.id == exp.id:
+            return True  # already joined (a second click): the worker carries on
         self.joined = exp
-        if self.prefs.experiment_id != exp.id:
-            self.save_prefs(msgspec.structs.replace(self.prefs, experiment_id=exp.id))
         self.last_progress = self.worker_state = self.last_error = None
         self.contributor.worker_released()  # the policy starts the worker when it decides to run
+        if self.prefs.experiment_id != exp.id:  # saving ticks the policy: released first, one start
+            self.save_prefs(msgspec.structs.replace(self.prefs, experiment_id=exp.id))
         self.note("INFO", f"Joined {exp.title}")
         self.joined_changed.emit(exp.id)
         self._update_status()

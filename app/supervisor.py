@@ -55,6 +55,7 @@ class Supervisor(QObject):
         self.stop_timeout = stop_timeout
         self.recorder = recorder  # a dedloc_core.stats.recorder.StatsRecorder fed from the reader thread
         self.worker: WorkerProcess | None = None
+        self._launched: WorkerProcess | None = None  # the last worker started (lifecycle thread only)
         self.wanted: Start | None = None  # the experiment the user joined (None: not joined)
         self.pause_reason: str | None = None
         self.limits: Limits | None = None
@@ -120,9 +121,12 @@ class Supervisor(QObject):
             start = msgspec.structs.replace(start, start_paused=True)
         if self.limits is not None:
             start = msgspec.structs.replace(start, limits=self.limits)
-        old, self.worker = self.worker, None
+        self.worker = None
 
         def work() -> WorkerProcess:
+            # the one launched last, even if the GUI thread has not heard of it yet: two workers
+            # at once would share the peer identity ("already taken by another peer")
+            old, self._launched = self._launched, None
             if old is not None:
                 old.stop(timeout=self.stop_timeout)
             self._clear_pid_file()
@@ -134,6 +138,7 @@ class Supervisor(QObject):
                 worker.start()
             finally:
                 log.close()  # the worker holds its own copy
+            self._launched = worker
             self._write_pid_file(worker)
             worker.send(start)
             threading.Thread(target=self._watch, args=(worker, generation), daemon=True,
@@ -159,8 +164,9 @@ class Supervisor(QObject):
         if worker is not None:
             self.running_changed.emit(False)
 
-        def work() -> StopResult:
-            result = worker.stop(timeout=self.stop_timeout) if worker is not None else StopResult.NOT_RUNNING
+        def work() -> StopResult:  # the last one launched: it may not have reached the GUI thread yet
+            launched, self._launched = self._launched, None
+            result = launched.stop(timeout=self.stop_timeout) if launched is not None else StopResult.NOT_RUNNING
             self._clear_pid_file()
             return result
 

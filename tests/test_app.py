@@ -213,7 +213,7 @@ def test_real_worker_through_the_tray(make_app, qtbot, signed_catalog_server, sp
     app.supervisor.stats.connect(stats.append)
     page = app.window.show_page("Experiments")
     assert app.controller.join("tiny-lm-test")
-    qtbot.waitUntil(lambda: app.controller.status.state == "training" and app.controller.last_progress,
+    qtbot.waitUntil(lambda: app.controller.status.state == "training" and app.controller.last_progress is not None,
                     timeout=180000)
     qtbot.waitUntil(lambda: "global step" in page.details.text(), timeout=10000)
     assert "Connection:</b> direct" in page.details.text()  # loopback: reachable without asking
@@ -283,6 +283,56 @@ def test_real_worker_through_the_tray(make_app, qtbot, signed_catalog_server, sp
     assert total.bytes_sent >= stats[-1].bytes_sent > 0 and total.paused.get("Paused by you", 0) > 0, total
 
 
+def workers_of(home: Path) -> list[int]:
+    """Pids of the worker processes (``dedloc_core.engine.worker``) this app started for ``home``
+    (not their forked helpers, which carry the same command line)."""
+    pids = []
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline"]):
+        try:
+            if proc.info["ppid"] == os.getpid() and "dedloc_core.engine.worker" in (proc.info["cmdline"] or []) \
+                    and proc.environ().get("DEDLOC_HOME") == str(home):
+                pids.append(proc.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+def test_join_runs_one_worker_at_a_time(make_app, qtbot, home, signed_catalog_server):
+    """Join saves the choice (which asks the policy at once) and the next tick asks again; a second
+    click on Join comes too. Only one worker may run: two share the peer identity, and the second
+    one's DHT is refused ("identity ... already taken by another peer", a CI failure)."""
+    app = make_app()
+    assert app.controller.join("tiny-lm-test")
+    assert app.controller.join("tiny-lm-test")  # a double click
+    seen: set[int] = set()
+    most = 0
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and app.controller.status.state != "training":
+        qtbot.wait(100)
+        pids = workers_of(home)
+        seen.update(pids)
+        most = max(most, len(pids))
+    assert app.controller.status.state == "training", app.controller.status
+    assert most == 1 and len(seen) == 1, (most, seen)
+
+    # Two relaunches in a row (a restart timer and a new join): the second comes before the GUI
+    # thread has heard of the first's worker, and must still stop it first.
+    first = app.supervisor.worker.pid
+    app.supervisor.join(app.supervisor.wanted)
+    app.supervisor.join(app.supervisor.wanted)
+    most = 0
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (app.supervisor.running() and app.supervisor.worker.pid != first
+                                               and app.controller.status.state == "training"):
+        qtbot.wait(100)
+        pids = workers_of(home)
+        seen.update(pids)
+        most = max(most, len(pids))
+    assert app.controller.status.state == "training", app.controller.status
+    assert most == 1, (most, seen)
+    assert not [e for e in app.controller.log_entries if e.level == "ERROR"], app.controller.log_entries
+
+
 @pytest.mark.timeout(600)
 def test_the_worker_runs_while_away_and_pauses_when_the_user_returns(
         make_app, qtbot, home, signed_catalog_server, spawn_worker, monkeypatch):
@@ -322,7 +372,7 @@ def _run_away_and_return(app, qtbot, display: str) -> None:
     # The policy paused, not the user: the tray offers Pause, and Resume would undo nothing.
     assert app.tray.pause_action.isVisible() and not app.tray.resume_action.isVisible()
 
-    qtbot.waitUntil(lambda: app.controller.status.state == "training" and app.controller.last_progress,
+    qtbot.waitUntil(lambda: app.controller.status.state == "training" and app.controller.last_progress is not None,
                     timeout=240000)
     returned = time.monotonic()
     xdotool(display, "mousemove", "300", "200")

@@ -405,6 +405,24 @@ def test_corrupt_shard_is_a_fatal_error_exit_3(spawn_worker):
     assert not [p for p in cached.iterdir() if p.name.startswith(shard["sha256"])], list(cached.iterdir())
 
 
+def test_a_second_worker_with_the_same_identity_is_refused_by_name_exit_3(spawn_worker, corpus_server):
+    """Two workers with one peer identity (a data folder copied to another computer): the second is
+    told why and what to do, not handed a P2PDaemonError traceback."""
+    first = spawn_worker("first")
+    assert first.send(start_command(corpus_server, first.home))
+    training = first.wait_for(lambda e: getattr(e, "state", None) == "training", START_TIMEOUT)
+    assert training is not None, "the first worker did not start"
+    second = spawn_worker("second")
+    assert second.send(start_command(corpus_server, first.home, initial_peers=training.maddrs))
+    code = wait_exit(second, START_TIMEOUT)
+    events = collect_to_end(second, 5)
+    assert code == 3, describe(events)
+    errors = fatal_errors(events)
+    assert len(errors) == 1 and errors[0].code == "identity_taken", describe(events)
+    assert str(first.home / "identity.key") in errors[0].hint
+    assert first.running()  # the first one trains on
+
+
 @pytest.mark.parametrize(
     "experiment",
     [

@@ -150,9 +150,23 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
 
 def join_swarm(cfg: SwarmConfig) -> tuple[hivemind.DHT, str]:
     """Start the DHT as reachable as this network allows: (dht, "direct" | "via relay" | "outbound only")."""
+    from hivemind.p2p import P2PDaemonError
+
+    from dedloc_core.errors import WorkerError
+
     from . import reachability
 
-    return reachability.join(cfg, start_dht)
+    try:
+        return reachability.join(cfg, start_dht)
+    except P2PDaemonError as exc:
+        if "already taken" not in str(exc):
+            raise
+        raise WorkerError(
+            "Another peer in the swarm uses this computer's identity: a second copy of DeDLOC Volunteer "
+            "with the same data folder, or a data folder copied from another computer.",
+            title="Identity in use", code="identity_taken",
+            hint=f"Close the other copy. If the data folder was copied, delete {cfg.identity_path} on "
+                 "one of the computers (it gets a new identity).") from exc
 
 
 def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module, recipe) -> hivemind.Optimizer:
