@@ -30,6 +30,7 @@ from .bridge import Bridge
 
 logger = logging.getLogger(__name__)
 
+STARTING = ("idle", "preparing")  # worker states before it joins a swarm
 BACKOFF = (2.0, 5.0, 15.0, 60.0, 300.0)  # seconds before restart attempts 1, 2, 3, ...
 HEALTHY_AFTER = 60.0  # a worker that trained this long resets the back-off
 
@@ -60,7 +61,8 @@ class Supervisor(QObject):
         self.pause_reason: str | None = None
         self.limits: Limits | None = None
         self.failures = 0
-        self.last_state: State | None = None
+        self.last_state: State | None = None  # the current worker's
+        self._frozen: WorkerProcess | None = None  # the worker stopped by a pause while it started
         self._generation = 0
         # Events not yet handed to the GUI thread, in order; a Progress or Stats replaces the one of
         # its kind since the last other event (it supersedes it), so a fast worker piles nothing up.
@@ -91,10 +93,22 @@ class Supervisor(QObject):
     def pause(self, reason: str) -> None:
         self.pause_reason = reason
         self._send(Pause(reason=reason))
+        self._freeze_if_starting()
 
     def resume(self) -> None:
         self.pause_reason = None
+        if self._frozen is not None:
+            self._frozen.thaw()
+            self._frozen = None
         self._send(Resume())
+
+    def _freeze_if_starting(self) -> None:
+        """A worker still starting (imports, data, model: before "joining") cannot act on a pause
+        for seconds: stop its process until resume. One that joins acts on it at the next hold."""
+        worker, state = self.worker, self.last_state
+        if worker is not None and self._frozen is None and (state is None or state.state in STARTING):
+            worker.freeze()
+            self._frozen = worker
 
     def set_limits(self, limits: Limits) -> None:
         if limits != self.limits:
@@ -121,7 +135,7 @@ class Supervisor(QObject):
             start = msgspec.structs.replace(start, start_paused=True)
         if self.limits is not None:
             start = msgspec.structs.replace(start, limits=self.limits)
-        self.worker = None
+        self.worker = self.last_state = self._frozen = None
 
         def work() -> WorkerProcess:
             # the one launched last, even if the GUI thread has not heard of it yet: two workers
@@ -152,6 +166,8 @@ class Supervisor(QObject):
             self.worker = worker
             self.running_changed.emit(True)
             self._sync(start)
+            if self.pause_reason is not None:
+                self._freeze_if_starting()
 
         def failed(exc: BaseException) -> None:
             if generation == self._generation:
@@ -161,6 +177,7 @@ class Supervisor(QObject):
 
     def _stop_current(self, done=None) -> None:
         worker, self.worker = self.worker, None
+        self._frozen = None  # stop() thaws it
         if worker is not None:
             self.running_changed.emit(False)
 
@@ -233,7 +250,7 @@ class Supervisor(QObject):
     def _on_exit(self, generation: int, code: int) -> None:
         if generation != self._generation or self.wanted is None:
             return
-        self.worker = None
+        self.worker = self._frozen = None
         self._training_since = None
         self.running_changed.emit(False)
         self._failed(f"The worker stopped unexpectedly (exit code {code}).")

@@ -8,9 +8,11 @@ seconds, and `dedloc app --hidden` itself, already joined, "only when I am not u
 with the shortest threshold the preferences allow (30 s). Each trial waits until the user counts as
 away and the app's worker trains at full speed, moves the real pointer (xdotool) and times until the
 worker process used under 5% of one core over 100 ms (psutil every 10 ms). The app is started
-``--fresh`` times, and the first trial after each start comes as soon as the worker trains: the first
-pauses after joining. Each trial is marked "round" when the worker's log shows an optimizer step or
-averaging within the second before the input or during the pause.
+``--fresh`` times; after each start a trial comes while the worker starts ("start": importing torch
+and hivemind, fetching data, building the model), the next as soon as its log says "Ready to train"
+("first": the first pause after joining), the others once it trains ("settled"). A settled trial
+is marked "round" when the worker's log shows an optimizer step or averaging within the second
+before the input or during the pause.
 
 Prints each trial, p50/p95 overall and per kind; the last line is ``pause p95 ms: X``. Target X <= 250.
 The whole tree's CPU (the averager and DHT processes too) is shown beside it: a round that was
@@ -132,21 +134,37 @@ def volunteer(ready: dict, root: Path):
     return worker
 
 
-def run_app(display: str, env: dict, trials: int, log) -> list[tuple[str, bool, float, float]]:
-    """Start the app, run ``trials`` trials (the first right after the worker trains), stop it."""
+def wait_ready(log: Path, timeout: float) -> None:
+    """Until the worker's log says it joined and is about to train ("Ready to train")."""
+    deadline = time.monotonic() + timeout
+    while not (log.exists() and "Ready to train" in log.read_text(errors="replace")):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the worker did not join in {timeout:.0f} s; see {log}")
+        time.sleep(0.02)
+
+
+def run_app(display: str, env: dict, trials: int, log, during_start: bool) -> list[tuple[str, bool, float, float]]:
+    """Start the app and run ``trials`` trials, stop it. With ``during_start`` the first comes while
+    the worker starts (imports, data, model), the next as soon as it has joined ("first"), else the
+    first is that one; the others once it trains at full speed ("settled")."""
     app = subprocess.Popen([sys.executable, "-m", "dedloc_core.cli", "app", "--hidden"], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = []
     worker_log = Path(env["DEDLOC_HOME"]) / "log" / "worker.log"
+    kinds = (["start"] if during_start else []) + ["first"] + ["settled"] * trials
     try:
         worker = worker_of(psutil.Process(app.pid), 120)
         main, tree = CpuMeter(worker.pid), TreeMeter(worker.pid)
         try:
-            for trial in range(trials):
+            for trial, kind in enumerate(kinds[:trials]):
                 if trial:  # the user leaves: the app resumes once the threshold has passed
                     time.sleep(AWAY_S)
-                wait_training(main, 240 if trial == 0 else 60)
-                if trial:
+                if kind == "start":
+                    wait_training(main, 120)  # importing torch and hivemind: a busy process
+                elif kind == "first":
+                    wait_ready(worker_log, 240)
+                else:
+                    wait_training(main, 60)
                     time.sleep(random.uniform(0.0, 3.0))  # anywhere in a micro-batch, a round or a step
                     wait_training(main, 60)  # busy right now: a starved worker would look paused already
                 wall, t_input = time.time(), time.monotonic()
@@ -156,7 +174,6 @@ def run_app(display: str, env: dict, trials: int, log) -> list[tuple[str, bool, 
                 if latency is None:
                     raise SystemExit("the worker kept using the CPU for 30 s after input")
                 time.sleep(1.0)
-                kind = "first" if trial == 0 else "settled"
                 busy = in_round(worker_log, wall - 1.0, wall + latency)
                 rows.append((kind, busy, latency, whole if whole is not None else float("nan")))
                 log(f"  {kind:8} {'round' if busy else 'train':6} {latency * 1000:6.0f} ms"
@@ -173,6 +190,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=20, help="trials in all (at least --fresh)")
     p.add_argument("--fresh", type=int, default=3, help="app starts; each one's first trial is a first pause")
+    p.add_argument("--no-during-start", dest="during_start", action="store_false",
+                   help="no trial while the worker starts (by default each app start begins with one)")
     args = p.parse_args(argv)
     missing = [t for t in ("Xvfb", "xdpyinfo", "openbox", "trayer", "xdotool") if shutil.which(t) is None]
     if missing:
@@ -202,14 +221,16 @@ def main(argv=None) -> int:
                        "DEDLOC_INITIAL_PEERS": " ".join(ready["maddrs"]), "DEDLOC_LISTEN": "/ip4/127.0.0.1/tcp/0",
                        "DEDLOC_LOG_LEVEL": "INFO"}
                 print(f"app start {start + 1} of {args.fresh}: {n} trials", flush=True)
-                rows += run_app(display, env, n, lambda s: print(s, flush=True))
+                rows += run_app(display, env, n, lambda s: print(s, flush=True), args.during_start)
     finally:
         if helper is not None:
             helper.stop(timeout=20)
         stop(backbone, 60)
     latencies = [r[2] for r in rows]
-    for name, pick in (("first after joining", lambda r: r[0] == "first"), ("in a round or step", lambda r: r[1]),
-                       ("while training", lambda r: not r[1])):
+    for name, pick in (("while starting", lambda r: r[0] == "start"),
+                       ("first after joining", lambda r: r[0] == "first"),
+                       ("in a round or step", lambda r: r[0] == "settled" and r[1]),
+                       ("while training", lambda r: r[0] == "settled" and not r[1])):
         some = [r[2] for r in rows if pick(r)]
         if some:
             print(f"{name:20} n={len(some):2}  p50 {percentile(some, 0.5) * 1000:5.0f} ms"

@@ -173,11 +173,26 @@ class WorkerProcess:
             if predicate(event):
                 return event
 
+    def freeze(self) -> None:
+        """Stop the worker process alone at once (SIGSTOP), as a pause while it starts: importing
+        torch and hivemind is seconds of CPU that no pause command can interrupt. Only before it
+        joins a swarm: no peer waits on it then, no daemon's timeout runs. ``thaw`` undoes it."""
+        if self.running():
+            try:
+                os.kill(self.proc.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+
+    def thaw(self) -> None:
+        if self.proc is not None:
+            self._signal_group(signal.SIGCONT)
+
     def stop(self, timeout: float = 20.0, term_timeout: float = 5.0) -> StopResult:
         """Ask the worker to stop; escalate to SIGTERM, then SIGKILL of its whole process group."""
         if self.proc is None or self.proc.poll() is not None:
             self._reap_group()
             return StopResult.NOT_RUNNING
+        self.thaw()  # a frozen worker reads no stop command
         self.send(Stop())
         try:
             self.proc.wait(timeout)

@@ -333,6 +333,25 @@ def test_join_runs_one_worker_at_a_time(make_app, qtbot, home, signed_catalog_se
     assert not [e for e in app.controller.log_entries if e.level == "ERROR"], app.controller.log_entries
 
 
+def test_a_pause_while_the_worker_starts_takes_effect_at_once(make_app, qtbot, home, signed_catalog_server):
+    """Importing torch and hivemind is seconds of CPU that no pause command interrupts: paused while
+    it starts, the worker process is stopped (SIGSTOP) until resume, then joins and trains."""
+    app = make_app()
+    assert app.controller.join("tiny-lm-test")
+    qtbot.waitUntil(lambda: app.supervisor.running(), timeout=60000)  # said hello, now importing
+    state = app.supervisor.last_state
+    assert state is None or state.state in ("idle", "preparing"), state
+    app.controller.pause()
+    worker = psutil.Process(app.supervisor.worker.pid)
+    used = sum(worker.cpu_times()[:2])
+    qtbot.wait(1500)
+    assert sum(worker.cpu_times()[:2]) - used < 0.05
+    assert worker.status() == psutil.STATUS_STOPPED
+    app.controller.resume()
+    qtbot.waitUntil(lambda: app.controller.status.state == "training", timeout=180000)
+    assert app.supervisor.worker.pid == worker.pid  # the same worker, thawed
+
+
 @pytest.mark.timeout(600)
 def test_the_worker_runs_while_away_and_pauses_when_the_user_returns(
         make_app, qtbot, home, signed_catalog_server, spawn_worker, monkeypatch):

@@ -344,6 +344,25 @@ def _descendants_while_training(worker: WorkerProcess, corpus_server) -> list[ps
     return children
 
 
+def test_a_pause_before_joining_holds_the_worker_out_of_the_swarm(spawn_worker, corpus_server):
+    """Paused while it starts (the app's freeze missed it, or none was asked): once its imports are
+    done the worker waits, using no CPU, and joins only on resume."""
+    worker = spawn_worker()
+    assert worker.send(start_command(corpus_server, worker.home))
+    assert worker.send(Pause(reason="user"))
+    events = collect_until(worker, lambda e: e.type == "state" and e.state in ("paused", "joining", "training"),
+                           START_TIMEOUT)
+    assert events[-1].state == "paused" and events[-1].reason == "user", describe(events)
+    proc = psutil.Process(worker.pid)
+    used = sum(proc.cpu_times()[:2])
+    joined = worker.wait_for(lambda e: e.type == "state" and e.state in ("joining", "training"), 3)
+    assert joined is None, "it joined while paused"
+    assert sum(proc.cpu_times()[:2]) - used < 0.3  # 3 s of waiting
+    assert worker.send(Resume())
+    events = collect_until(worker, is_state("training"), START_TIMEOUT)
+    assert "joining" in states(events), describe(events)
+
+
 def test_stop_exits_zero_and_leaves_no_process_or_shared_memory(spawn_worker, corpus_server):
     worker = spawn_worker()
     children = _descendants_while_training(worker, corpus_server)

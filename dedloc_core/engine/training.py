@@ -82,6 +82,7 @@ class Session:
         self.torch = torch
         clock.lap("model")
 
+        self._hold_while_paused("preparing", f"Preparing {exp.title}")  # paused while starting: join later
         self._state("joining", f"Joining the swarm of {exp.title}")
         cfg = swarm.SwarmConfig(
             run_id=exp.run_id,
@@ -123,6 +124,7 @@ class Session:
                 client_mode=self.dht.client_mode)
             self.param_digest = lambda _model: self.optimizer.outer_digest()  # identical on synced peers
         else:
+            self._hold_while_paused("joining", f"Joining the swarm of {exp.title}")  # seconds of CPU
             self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
             self.param_digest = swarm.param_digest
             clock.lap("optimizer")
@@ -154,6 +156,17 @@ class Session:
         opt.load_state_from_peers()
         logger.info("Loaded the swarm's state in %.1f s (step %d -> %d)", time.monotonic() - began, before,
                     opt.local_epoch)
+
+    def _hold_while_paused(self, state: str, reason: str) -> None:
+        """Between the steps of joining: wait, using no CPU, while the app says pause; then say
+        ``state`` again."""
+        control = self.control
+        if not control.paused.is_set() or control.stop.is_set():
+            return
+        self._state("paused", control.pause_reason or "Paused")
+        while control.paused.is_set() and not control.stop.is_set():
+            control.stop.wait(0.05)
+        self._state(state, reason)
 
     def __exit__(self, *exc) -> None:
         if self.rejoin:  # only restarting: the worker is not going away
