@@ -263,7 +263,7 @@ def run_config(conf: dict, args: argparse.Namespace, work: Path) -> dict:
     losses = [o["eval_loss"] for o in honest[:ATTACKER]]
     return dict(name=conf["name"], eval_loss=sum(losses) / len(losses), spread=max(losses) - min(losses),
                 full_rounds=sum(g == PEERS for g in honest[0]["groups"]),
-                failed_rounds=sum(g == 0 for g in honest[0]["groups"]),
+                failed_rounds=[sum(g == 0 for g in o["groups"]) for o in honest],  # per honest peer
                 without_attacker=honest[0].get("missed", 0),
                 epochs=[o["epoch"] for o in got.values()], wall=max(o["wall"] for o in got.values()),
                 groups=honest[0]["groups"])
@@ -317,7 +317,7 @@ def main() -> None:
         figures[conf["name"]] = run_config(conf, args, work)
         f = figures[conf["name"]]
         print(f"  {conf['name']}: eval loss {f['eval_loss']:.4f} (honest peers within {f['spread']:.4f}), "
-              f"rounds of 4: {f['full_rounds']}/{args.steps}, failed: {f['failed_rounds']}, "
+              f"rounds of 4: {f['full_rounds']}/{args.steps}, failed per honest peer: {f['failed_rounds']}, "
               f"steps without the attacker: {f['without_attacker']}, {f['wall']:.0f} s", flush=True)
     (work / "figures.json").write_text(json.dumps(figures, indent=1))
 

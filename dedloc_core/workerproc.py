@@ -177,15 +177,17 @@ class WorkerProcess:
         """Stop the worker process alone at once (SIGSTOP), as a pause while it starts: importing
         torch and hivemind is seconds of CPU that no pause command can interrupt. Only before it
         joins a swarm: no peer waits on it then, no daemon's timeout runs. ``thaw`` undoes it."""
-        if self.running():
+        sig = getattr(signal, "SIGSTOP", None)  # none on Windows: the pause waits for the worker
+        if sig is not None and self.running():
             try:
-                os.kill(self.proc.pid, signal.SIGSTOP)
+                os.kill(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
 
     def thaw(self) -> None:
-        if self.proc is not None:
-            self._signal_group(signal.SIGCONT)
+        sig = getattr(signal, "SIGCONT", None)
+        if sig is not None and self.proc is not None:
+            self._signal_group(sig)
 
     def stop(self, timeout: float = 20.0, term_timeout: float = 5.0) -> StopResult:
         """Ask the worker to stop; escalate to SIGTERM, then SIGKILL of its whole process group."""
