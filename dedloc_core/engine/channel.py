@@ -10,6 +10,7 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Callable
 
 from dedloc_core.errors import ProtocolError
 from dedloc_core.protocol import MAX_LINE, Error, Limits, Log, Pause, Resume, SetLimits, Stop, decode_command, encode
@@ -81,6 +82,9 @@ class Control:
         self.pause_reason = ""
         self.limits = Limits()
         self.limits_changed = threading.Event()
+        # called with the merged limits as a set_limits arrives (the reader thread): caps take effect
+        # at once, not when the training loop next looks (it may be blocked in a round for a minute)
+        self.on_limits: Callable[[Limits], None] | None = None
 
     def apply(self, command) -> None:
         if isinstance(command, Pause):
@@ -91,6 +95,11 @@ class Control:
         elif isinstance(command, SetLimits):
             self.limits = self.limits.merged(command.limits)
             self.limits_changed.set()
+            if self.on_limits is not None:
+                try:
+                    self.on_limits(self.limits)
+                except Exception:  # noqa: BLE001 - the loop applies them again
+                    logging.getLogger(__name__).exception("Applying new limits failed")
         elif isinstance(command, Stop):
             self.stop.set()
         self.commands.put(command)

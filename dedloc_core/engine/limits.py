@@ -50,6 +50,11 @@ def merged(base: Limits, update: Limits) -> Limits:
 def apply_cpu_and_network(limits: Limits) -> None:
     if limits.cpu_threads:
         torch.set_num_threads(limits.cpu_threads)
+    apply_network(limits)
+
+
+def apply_network(limits: Limits) -> None:
+    """The upload/download caps; from any thread (the buckets are shared memory with a lock)."""
     bandwidth.set_caps(_payload(limits.upload_bps), _payload(limits.download_bps))
 
 

@@ -73,6 +73,7 @@ class Session:
         swarm.prepare_process()
         robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)  # before hivemind forks
         self._apply_limits()
+        self.control.on_limits = lambda new: limits.apply_network(limits.merged(self.start.limits, new))
         self.recipe = load_recipe(exp.recipe, exp.recipe_params)
         self.model = self.recipe.build_model(seed=0)
         if limits.gpu_wanted(self.limits):  # the device is chosen once; use_gpu=False later pauses
@@ -227,7 +228,8 @@ class Session:
             control.paused.set()
         self._state("training", f"Training {self.experiment.recipe}")
         next_report = time.monotonic() + self.start.progress_period
-        watch = StepWatch(control, lambda: self._state("paused", control.pause_reason or "Paused"))
+        watch = StepWatch(control, lambda: self._state("paused", control.pause_reason or "Paused"),
+                          lambda: self._state("training", f"Training {self.experiment.recipe}"))
         try:
             self._loop(watch, next_report)
         finally:
@@ -378,11 +380,13 @@ class Session:
 class StepWatch:
     """Says "paused" at once when the app pauses while the training loop is blocked in
     ``opt.step()`` (an averaging round, or a wait for the last delayed one: seconds on a slow
-    link). The round finishes (the swarm counts on it); the loop holds right after it. Use as
-    ``with watch: opt.step()``; ``take()`` tells the loop whether the watch spoke."""
+    link), and "training" again at once when it resumes before the step ends. The round finishes
+    (the swarm counts on it); the loop holds right after it if still paused. Use as
+    ``with watch: opt.step()``; ``take()`` tells the loop whether the watch last said "paused"."""
 
-    def __init__(self, control: Control, report: Callable[[], None], grace: float = 0.05):
-        self.control, self.report, self.grace = control, report, grace
+    def __init__(self, control: Control, report: Callable[[], None], resumed: Callable[[], None],
+                 grace: float = 0.05):
+        self.control, self.report, self.resumed, self.grace = control, report, resumed, grace
         self._inside = threading.Event()
         self._lock = threading.Lock()
         self._steps = 0
@@ -413,14 +417,13 @@ class StepWatch:
             step = self._steps
             # a step that ends within the grace costs one wake-up; a longer one is watched
             while not self.control.stop.wait(self.grace) and self._inside.is_set() and self._steps == step:
-                if self.control.paused.is_set():
-                    with self._lock:
-                        if self._inside.is_set() and not self._reported:
-                            self._reported = True
-                            self.report()
-                    break
+                paused = self.control.paused.is_set()
+                with self._lock:
+                    if paused != self._reported and self._inside.is_set() and self._steps == step:
+                        self._reported = paused
+                        (self.report if paused else self.resumed)()
             while self._inside.is_set() and self._steps == step and not self._closed:
-                self.control.stop.wait(self.grace)  # reported or stopping: wait for this step to end
+                self.control.stop.wait(self.grace)  # stopping: wait for this step to end
 
     def close(self) -> None:
         self._closed = True
