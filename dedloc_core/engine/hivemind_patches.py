@@ -73,6 +73,13 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    ``DecentralizedAverager.rpc_aggregate_part`` and ``rpc_download_state`` (``averaging/averager.py``)
    refuse parts from and state downloads by such a peer. The checks read the tokens peers publish
    in the DHT (``gate.admits``). With the gate off (open experiments) nothing changes.
+9. ``state records never lapse``: ``DecentralizedAverager._declare_for_download_periodically``
+   (``averaging/averager.py``) stores this peer's "I can share my state" record with a lifetime of
+   ``declare_state_period`` and renews it only when it expires, through a DHT store that takes a
+   while (seconds, when the routing table still holds peers that left). Meanwhile the record is
+   gone: a newcomer that looks then finds no peer to load the state from and starts from scratch
+   (CI: a DiLoCo newcomer whose only source was the backbone started at round 0, not 3). Now the
+   record is renewed halfway through its lifetime; a peer that left still drops out within one period.
 """
 
 from __future__ import annotations
@@ -130,6 +137,7 @@ def install() -> None:
     _patch_task_references()
     _patch_robust_aggregation()
     _patch_invite_gate()
+    _patch_state_declarations()
 
 
 _alive: set = set()  # patch 6: tasks not done yet and MPFutures being awaited, in this process
@@ -582,3 +590,30 @@ def _patch_invite_gate() -> None:
 
     avg.rpc_aggregate_part = rpc_aggregate_part
     avg.rpc_download_state = rpc_download_state
+
+
+def _patch_state_declarations() -> None:
+    """Patch 9 (see the module docstring): hivemind's loop, renewing at half the record's lifetime."""
+    from hivemind.averaging import averager
+    from hivemind.utils import get_dht_time
+
+    async def _declare_for_download_periodically(self):
+        download_key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
+        sharing_was_allowed = self.allow_state_sharing
+        while True:
+            expiration_time = get_dht_time() + self.declare_state_period
+            if self.allow_state_sharing or sharing_was_allowed:
+                asyncio.create_task(asyncio.wait_for(
+                    self.dht.store(download_key, subkey=self.peer_id.to_bytes(),
+                                   value=self.state_sharing_priority if self.allow_state_sharing else None,
+                                   expiration_time=expiration_time, return_future=True),
+                    timeout=expiration_time - get_dht_time()))
+                sharing_was_allowed = self.allow_state_sharing
+            self._state_updated.clear()
+            renew_at = expiration_time - self.declare_state_period / 2
+            try:
+                await asyncio.wait_for(self._state_updated.wait(), timeout=max(0.0, renew_at - get_dht_time()))
+            except TimeoutError:
+                pass
+
+    averager.DecentralizedAverager._declare_for_download_periodically = _declare_for_download_periodically

@@ -58,10 +58,13 @@ def apply_network(limits: Limits) -> None:
     bandwidth.set_caps(_payload(limits.upload_bps), _payload(limits.download_bps))
 
 
-# The buckets pace the payload of hivemind's messages; TCP/IP headers, libp2p framing (noise,
-# yamux) and the daemon's own chatter add to it on the wire. Measured in the network-namespace
-# test: about 14 % on top. Paced at 85 % of the cap, the bytes on the wire stay under the cap.
-WIRE_SHARE = 0.85
+# The buckets pace the payload of hivemind's messages; on the wire come TCP/IP headers, libp2p
+# framing (noise, yamux), the daemon's own chatter, and the bytes a sender had pushed into the
+# stream and socket buffers of a round that failed before they were read (a capped peer's rounds
+# often fail). Measured in the network-namespace test: 1.15 x the paced rate on a quiet machine,
+# up to 1.36 x on a loaded one (CI: 289.8 kB/s received with the payload paced at 212.5). Paced at
+# 75 % of the cap, the bytes on the wire stay near the cap even then.
+WIRE_SHARE = 0.75
 
 
 def _payload(cap: int | None) -> int | None:
