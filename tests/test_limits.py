@@ -4,6 +4,7 @@ the middle, and the helpers that turn Limits into settings."""
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -58,3 +59,39 @@ def test_limits_helpers():
         torch.set_num_threads(threads)
         bandwidth.set_caps(0, 0)
     limits.apply_gpu_memory_cap(Limits(gpu_memory_mb=256))  # no CUDA here: a no-op, not an error
+
+
+def test_caps_change_as_set_limits_arrives_while_the_loop_is_busy():
+    """The command reader applies new caps itself: a training loop blocked in a round (up to the
+    averaging timeout) must not leave a newly capped peer uncapped until it looks again."""
+    import functools
+    import os
+
+    from dedloc_core.engine.channel import Control, EventChannel, read_commands
+    from dedloc_core.protocol import SetLimits, Stop, encode
+
+    control = Control()
+    control.on_limits = functools.partial(limits.apply_network_over, Limits(upload_bps=400_000))
+    commands, events = os.pipe(), os.pipe()
+    reader = threading.Thread(target=read_commands, args=(commands[0], control, EventChannel(events[1])), daemon=True)
+    reader.start()
+    bandwidth.set_caps(0, 0)
+    try:
+        os.write(commands[1], encode(SetLimits(limits=Limits(download_bps=200_000))).encode())
+        deadline = time.monotonic() + 5
+        while bandwidth.caps() == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # nobody drained control.commands or looked at limits_changed: the reader did it
+        assert bandwidth.caps() == (int(400_000 * limits.WIRE_SHARE), int(200_000 * limits.WIRE_SHARE))
+        os.write(commands[1], encode(SetLimits(limits=Limits(upload_bps=0))).encode())
+        deadline = time.monotonic() + 5
+        while bandwidth.caps()[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert bandwidth.caps() == (0, int(200_000 * limits.WIRE_SHARE))  # the earlier download cap stays
+        os.write(commands[1], encode(Stop()).encode())
+    finally:
+        os.close(commands[1])  # end of input: the reader stops
+        reader.join(5)
+        bandwidth.set_caps(0, 0)
+        for fd in (commands[0], *events):
+            os.close(fd)

@@ -58,6 +58,11 @@ def apply_network(limits: Limits) -> None:
     bandwidth.set_caps(_payload(limits.upload_bps), _payload(limits.download_bps))
 
 
+def apply_network_over(base: Limits, update: Limits) -> None:
+    """The caps of ``base`` with ``update``'s fields; the command reader calls it as a set_limits arrives."""
+    apply_network(merged(base, update))
+
+
 # The buckets pace the payload of hivemind's messages; on the wire come TCP/IP headers, libp2p
 # framing (noise, yamux), the daemon's own chatter, and the bytes a sender had pushed into the
 # stream and socket buffers of a round that failed before they were read (a capped peer's rounds

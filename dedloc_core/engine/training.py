@@ -5,6 +5,7 @@ Imports torch and hivemind; only the worker process imports this module.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -73,7 +74,7 @@ class Session:
         swarm.prepare_process()
         robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)  # before hivemind forks
         self._apply_limits()
-        self.control.on_limits = lambda new: limits.apply_network(limits.merged(self.start.limits, new))
+        self.control.on_limits = functools.partial(limits.apply_network_over, self.start.limits)
         self.recipe = load_recipe(exp.recipe, exp.recipe_params)
         self.model = self.recipe.build_model(seed=0)
         if limits.gpu_wanted(self.limits):  # the device is chosen once; use_gpu=False later pauses
