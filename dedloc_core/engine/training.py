@@ -227,10 +227,10 @@ class Session:
         control = self.control
         if self.start.start_paused:
             control.paused.set()
-        self._state("training", f"Training {self.experiment.recipe}")
+        self._say_training()
         next_report = time.monotonic() + self.start.progress_period
         watch = StepWatch(control, lambda: self._state("paused", control.pause_reason or "Paused"),
-                          lambda: self._state("training", f"Training {self.experiment.recipe}"))
+                          self._say_training)
         try:
             self._loop(watch, next_report)
         finally:
@@ -246,7 +246,7 @@ class Session:
                 next_report = time.monotonic()
                 continue
             if reported:  # paused and resumed within one blocked step
-                self._state("training", f"Training {self.experiment.recipe}")
+                self._say_training()
             if self._watchdog.rejoined.is_set():
                 with watch:  # a state download: seconds on a slow link
                     self._reload_state()
@@ -270,7 +270,7 @@ class Session:
                 self.loss_ema = value if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * value
             if self._watchdog.relay_ok != self._relay_ok_reported:  # the relay went or came back
                 self._relay_ok_reported = self._watchdog.relay_ok
-                self._state("training", f"Training {self.experiment.recipe}")
+                self._say_training()
             if time.monotonic() >= next_report or opt.local_epoch != self._reported_epoch:
                 self._report()  # periodically, and at every new global step
                 next_report = time.monotonic() + self.start.progress_period
@@ -283,6 +283,9 @@ class Session:
         before = self.optimizer.local_epoch
         self.optimizer.load_state_from_peers()
         logger.warning("Rejoined the swarm: loaded its state (local step %d -> %d)", before, self.optimizer.local_epoch)
+
+    def _say_training(self) -> None:
+        self._state("training", f"Training {self.experiment.recipe}")
 
     def _pause(self, reported: bool = False) -> None:
         if self.control.paused.is_set():
@@ -299,7 +302,7 @@ class Session:
         self.paused_seconds += time.monotonic() - began
         self._window = (time.monotonic(), self.samples, self.compute_seconds)
         if not self.control.stop.is_set():
-            self._state("training", f"Training {self.experiment.recipe}")
+            self._say_training()
 
     def _report(self) -> None:
         opt = self.optimizer
