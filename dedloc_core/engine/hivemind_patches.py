@@ -78,7 +78,7 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    ``declare_state_period`` and renews it only when it expires, through a DHT store that takes a
    while (seconds, when the routing table still holds peers that left). Meanwhile the record is
    gone: a newcomer that looks then finds no peer to load the state from and starts from scratch
-   (CI: a DiLoCo newcomer whose only source was the backbone started at round 0, not 3). Now the
+   (most likely what CI saw: a DiLoCo newcomer whose only source was the backbone started at round 0, not 3). Now the
    record is renewed halfway through its lifetime; a peer that left still drops out within one period.
 """
 
