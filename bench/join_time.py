@@ -150,14 +150,16 @@ def alone(folder: Path) -> dict:
             "ready": ready_line(home / "worker.log")}
 
 
-def in_lab(folder: Path, steps: int, timeout: float) -> dict:
-    """Cases 2 and 3, in one lab: the lone first volunteer, then a newcomer to the swarm it is in."""
+def in_lab(folder: Path, steps: int, timeout: float, cpu: dict[str, float | None]) -> dict:
+    """Cases 2 and 3, in one lab: the lone first volunteer, then a newcomer to the swarm it is in.
+    ``cpu``: each node's CPU quota in cores (None: no quota)."""
     exp = demo_experiment(id="join-bench", run_id=f"join_bench_{os.getpid()}")
     out: dict = {}
     with Lab() as lab:
-        backbone = Backbone(lab, lab.public("bb"), exp, folder)
+        backbone = Backbone(lab, lab.public("bb", cpu=cpu["bb"]), exp, folder)
         ready = backbone.wait_ready()
-        hosts = {name: lab.public(name, Shape(up_mbit=m, down_mbit=m, delay_ms=d)) for name, (m, d) in PROFILE.items()}
+        hosts = {name: lab.public(name, Shape(up_mbit=m, down_mbit=m, delay_ms=d), cpu=cpu[name])
+                 for name, (m, d) in PROFILE.items()}
         peers: list[Peer] = []
         try:
             v0 = Peer(lab, hosts["v0"], folder / "v0")
@@ -197,7 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per wait")
     parser.add_argument("--keep", type=Path, default=None, help="keep the workers' logs in this folder")
     parser.add_argument("--skip-alone", action="store_true", help="only the lab cases")
+    parser.add_argument("--cpu", type=float, default=0.5,
+                        help="CPU quota of each volunteer already in the swarm, in cores (0: none)")
+    parser.add_argument("--new-cpu", type=float, default=0.8, help="the newcomer's CPU quota, in cores (0: none)")
+    parser.add_argument("--backbone-cpu", type=float, default=0.2, help="the backbone's CPU quota (0: none)")
     args = parser.parse_args(argv)
+    cpu = {"bb": args.backbone_cpu or None, "v0": args.cpu or None, "v1": args.cpu or None,
+           "new": args.new_cpu or None}
     exp = demo_experiment()
     size = state_bytes(exp)
     rate = PROFILE["new"][0] * 1e6 / 8
@@ -206,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         first = None if args.skip_alone else alone(folder)
-        lab = in_lab(folder, args.steps, args.timeout)
+        lab = in_lab(folder, args.steps, args.timeout, cpu)
     print(f"state: {size / 1e6:.2f} MB (parameters + optimizer state, fp32); newcomer link {PROFILE['new'][0]} Mbit/s,"
           f" {PROFILE['new'][1]} ms")
+    print("cpu quotas (cores): " + ", ".join(f"{k} {v if v else 'none'}" for k, v in cpu.items()))
     print(f"{'case':34} {'training s':>10} {'samples s':>10} {'synced s':>9} {'round s':>8}  worker's account")
     if first:
         print(f"{'alone, no peers (shipped demo)':34} {fmt(first['training']):>10} {fmt(first['samples']):>10}"

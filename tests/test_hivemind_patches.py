@@ -1,5 +1,7 @@
-"""hivemind_patches patch 6: tasks nobody keeps and the MPFutures they await survive garbage collection;
-patch 9: an averager renews its state record before the record expires."""
+"""hivemind_patches patch 6: tasks nobody keeps and the MPFutures they await survive garbage collection,
+and so does the task serving a connection to a unix-socket server; patch 9: an averager renews its
+state record before the record expires; patch 10: a cancelled averaging step reads cancelled by the
+time the averager hears of the cancel."""
 
 from __future__ import annotations
 
@@ -112,3 +114,91 @@ def test_a_state_record_is_renewed_while_it_still_has_half_its_life():
 def test_without_the_patch_a_state_record_is_renewed_only_as_it_expires():
     least, _ = renewals("plain")
     assert least < 0.3, least
+
+
+# How p2pd hands a peer's stream to our handlers: a connection to a unix-socket server. Its handler
+# awaits a future only it holds while the sender's bytes fill the buffer, so reading pauses and the
+# event loop lets go of the socket; only the protocol holds the handler's task.
+SERVER = """
+import asyncio, gc, os, sys, tempfile, weakref
+if sys.argv[1] == "patched":
+    from dedloc_core.engine import hivemind_patches
+    hivemind_patches.install()
+
+async def main():
+    done, holder = asyncio.Event(), {}
+    async def handler(reader, writer):
+        fut = asyncio.get_running_loop().create_future()
+        holder["fut"] = weakref.ref(fut)
+        await fut
+        await reader.readexactly(1 << 20)
+        done.set()
+    path = os.path.join(tempfile.mkdtemp(), "s.sock")
+    server = await asyncio.start_unix_server(handler, path=path)
+    reader, writer = await asyncio.open_unix_connection(path)
+    writer.write(b"x" * (1 << 20))
+    await asyncio.sleep(0.3)
+    gc.collect()
+    fut = holder["fut"]()
+    if fut is None:
+        print("lost")
+        return
+    fut.set_result(None)
+    await writer.drain()
+    try:
+        await asyncio.wait_for(done.wait(), 5)
+        print("completed")
+    except TimeoutError:
+        print("hung")
+    server.close()
+
+asyncio.run(main())
+"""
+
+
+def run_probe(code: str, mode: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code, mode], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def test_the_task_serving_a_connection_survives_garbage_collection_with_the_patch():
+    assert run_probe(SERVER, "patched") == "completed"
+
+
+def test_without_the_patch_the_task_serving_a_paused_connection_is_lost():
+    assert run_probe(SERVER, "plain") == "lost"
+
+
+# What the averager reads (step.cancelled()) when each of the two messages of StepControl.cancel()
+# reaches it: the trigger's cancel and the cancel future's result (in this process, the futures'
+# callbacks run as the messages are sent); then the state and "triggered" after cancel() returns.
+CANCEL = """
+import sys
+from hivemind.averaging.control import StepControl
+from hivemind.utils import get_dht_time
+from hivemind.utils.mpfuture import MPFuture
+if sys.argv[1] == "patched":
+    from dedloc_core.engine import hivemind_patches
+    hivemind_patches.install()
+
+MPFuture()  # hivemind starts its future backend on the base class only
+step = StepControl(scheduled_time=get_dht_time() + 5, deadline=get_dht_time() + 30, allow_retries=True,
+                   weight=1.0, data_for_gather=b"")
+trigger, cancel = MPFuture(), MPFuture()
+step.attach(trigger, cancel)
+seen = []
+trigger.add_done_callback(lambda _: seen.append(step.cancelled()))
+cancel.add_done_callback(lambda _: seen.append(step.cancelled()))
+step.cancel()
+print(*seen, step.cancelled(), step.triggered)
+"""
+
+
+def test_a_cancelled_step_reads_cancelled_when_the_averager_hears_of_it():
+    assert run_probe(CANCEL, "patched") == "True True True True"
+
+
+def test_without_the_patch_the_averager_hears_of_the_cancel_before_the_step_reads_cancelled():
+    # the averager then went on to an all-reduce: the cancelled trigger counts as "triggered"
+    assert run_probe(CANCEL, "plain") == "False False True True"

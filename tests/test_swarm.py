@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import pytest
@@ -58,7 +59,7 @@ def test_three_peers_train_together(spawn_worker, corpus_server):
     assert first.progress[-1].bytes_sent > 0 and first.progress[-1].bytes_received > 0
 
 
-def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, corpus_server):
+def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, corpus_server, monkeypatch):
     first = join(spawn_worker, corpus_server, "p0", seed=1)
     second = join(spawn_worker, corpus_server, "p1", initial_peers=first.maddrs, seed=2)
     victim = join(spawn_worker, corpus_server, "p2", initial_peers=first.maddrs, seed=3)
@@ -75,6 +76,7 @@ def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, 
     wait_until(survivors, lambda: min(p.step for p in survivors) >= step_at_kill + 3, 180,
                "the swarm stalled after a peer was killed")
 
+    monkeypatch.setenv("DEDLOC_TEST_LOG_LEVEL", "INFO")  # the newcomer's log says where its state came from
     newcomer = join(spawn_worker, corpus_server, "p3", initial_peers=second.maddrs, seed=4)
     everyone = [first, second, newcomer]
     for peer in everyone:
@@ -86,6 +88,12 @@ def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, 
     loading = next((i for i, (_, reason) in enumerate(said) if reason.startswith("Loading the swarm's state")), None)
     assert loading is not None, f"the newcomer did not load the swarm's state while joining: {said}"
     assert said[loading][0] == "joining" and loading < [s for s, _ in said].index("training"), said
+    # The state it loaded was downloaded while its optimizer was being built (prefetch.py), by its
+    # DHT's process, not after: hivemind's averager downloads only once the optimizer exists.
+    log = (newcomer.worker.home / "worker.log").read_text()
+    loaded = re.search(r"Loaded the swarm's state in .*", log)
+    assert loaded and "downloaded while joining" in loaded.group(0), loaded.group(0) if loaded else log[-3000:]
+    assert log.index("Downloaded the swarm's state (step") < log.index("Ready to train"), log[-3000:]
     # With overlap (the catalog's default) a step's update lands one step late, and the state the
     # newcomer downloads may already hold the update its epoch label does not count yet; hivemind
     # labels a downloaded state with the epoch it was taken at: a label can trail the parameters by

@@ -52,7 +52,8 @@ class EventLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if os.getpid() != self.channel._pid:
             return
-        if record.levelno < logging.WARNING and not record.name.startswith("dedloc_core"):
+        ours = record.name.startswith("dedloc_core")
+        if record.levelno < logging.INFO or (record.levelno < logging.WARNING and not ours):
             return
         try:
             message = record.getMessage()

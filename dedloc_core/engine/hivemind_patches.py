@@ -47,7 +47,10 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    averaging round failed with "could not find a group" until the process ended; in a DHT process
    the caller of ``run_coroutine`` got ``GeneratorExit`` (both seen in the network lab). Now
    ``asyncio.create_task`` keeps every task in a set until it is done, and ``MPFuture.__await__``
-   keeps the future until the await ends.
+   keeps the future until the await ends. The same for the task that serves each connection to a
+   unix-socket server (``asyncio.streams.StreamReaderProtocol``: p2pd hands every incoming stream to
+   our handlers so): it was collected mid-stream ("Task was destroyed but it is pending!", then
+   "cannot reuse already awaited coroutine"), and the peer sending that stream saw it reset.
 7. ``robust aggregation``: ``TensorPartReducer`` (``averaging/partition.py``) adds every sender's
    part to a weighted mean, NaN and all: one broken or hostile peer poisons every peer's step.
    ``accumulate_part`` now drops a non-finite part (that sender leaves this round, named in the log,
@@ -80,6 +83,17 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    gone: a newcomer that looks then finds no peer to load the state from and starts from scratch
    (most likely what CI saw: a DiLoCo newcomer whose only source was the backbone started at round 0, not 3). Now the
    record is renewed halfway through its lifetime; a peer that left still drops out within one period.
+10. ``a cancelled step stays cancelled``: ``StepControl.cancel`` (``averaging/control.py``) tells the
+   averager first (its trigger and cancel futures) and sets its own state to cancelled last. The
+   averager's ``_step`` (``averaging/averager.py``) wakes on that news and reads ``step.cancelled()``,
+   which could still be False; it then went on with matchmaking, found that the cancelled trigger
+   counts as "triggered", and ran a whole all-reduce for a step nobody waits for (its end:
+   "Can't set_result to a future that is CANCELLED"). hivemind.Optimizer cancels its pre-scheduled
+   gradient round whenever it sees no other peer, which is often as peers come and go. The zombie
+   round held the averager's matchmaking ("Another look_for_group is already in progress"), took the
+   group another peer meant for its real step, and left this peer's real round without one until
+   the averaging timeout: in two peers' logs on loopback, most failed rounds and 30 s stalls began
+   so. Now the state is set first, then the averager is told.
 """
 
 from __future__ import annotations
@@ -138,6 +152,7 @@ def install() -> None:
     _patch_robust_aggregation()
     _patch_invite_gate()
     _patch_state_declarations()
+    _patch_step_cancel()
 
 
 _alive: set = set()  # patch 6: tasks not done yet and MPFutures being awaited, in this process
@@ -165,6 +180,20 @@ def _patch_task_references() -> None:
             _alive.discard(self)
 
     MPFuture.__await__ = __await__  # type: ignore[method-assign]
+
+    # the task that serves each incoming connection of a unix-socket server (how p2pd hands a peer's
+    # stream to our handlers) comes from loop.create_task, held only by its own protocol
+    protocol = asyncio.streams.StreamReaderProtocol
+    made = protocol.connection_made
+
+    def connection_made(self, transport) -> None:
+        made(self, transport)
+        task = getattr(self, "_task", None)
+        if task is not None and not task.done():
+            _alive.add(task)
+            task.add_done_callback(_alive.discard)
+
+    protocol.connection_made = connection_made  # type: ignore[method-assign]
 
 
 def _patch_traffic() -> None:
@@ -617,3 +646,19 @@ def _patch_state_declarations() -> None:
                 pass
 
     averager.DecentralizedAverager._declare_for_download_periodically = _declare_for_download_periodically
+
+
+def _patch_step_cancel() -> None:
+    """Patch 10 (see the module docstring)."""
+    from hivemind.averaging.control import StepControl
+    from hivemind.utils.mpfuture import MPFuture
+
+    def cancel(self) -> bool:
+        cancelled = MPFuture.cancel(self)  # the shared state, read by the averager when it hears below
+        if self._trigger is not None:
+            self._trigger.cancel()
+        if self._cancel is not None:
+            self._cancel.set_result(None)
+        return cancelled
+
+    StepControl.cancel = cancel  # type: ignore[method-assign]

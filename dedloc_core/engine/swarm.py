@@ -12,6 +12,7 @@ import gc
 import logging
 import multiprocessing as mp
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
 from hivemind.utils.logging import use_hivemind_log_handler
 
-from . import hivemind_patches
+from . import hivemind_patches, prefetch
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +146,40 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
     if cfg.authorizer is not None:
         opts["authorizer"] = cfg.authorizer
     opts.update(extra)
-    return hivemind.DHT(start=True, **opts)
+    dht = hivemind.DHT(start=True, await_ready=False, **opts)
+    _warm_up_optim()  # while the DHT's process starts p2pd and meets the swarm
+    dht.wait_until_ready()
+    return dht
+
+
+_warm_up: threading.Thread | None = None
+
+
+def _warm_up_optim() -> None:
+    """Import torch._dynamo on a thread. The first torch.optim constructor imports it (about 1 s of
+    CPU on an idle machine, 4 s beside two training peers: most of building hivemind's Optimizer),
+    and starting a DHT is mostly waiting. No fork happens while it imports: a child would inherit
+    the module locks the thread holds (``_before_fork``)."""
+    global _warm_up
+    if _warm_up is not None or "torch._dynamo" in sys.modules:
+        return
+    _warm_up = threading.Thread(target=_import_dynamo, name="warm-up-optim", daemon=True)
+    _warm_up.start()
+
+
+def _import_dynamo() -> None:
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # the optimizer's own import will say what is wrong
+        logger.debug("importing torch._dynamo failed", exc_info=True)
+
+
+def _before_fork() -> None:
+    if _warm_up is not None and _warm_up.is_alive() and threading.current_thread() is not _warm_up:
+        _warm_up.join()
+
+
+os.register_at_fork(before=_before_fork)
 
 
 def join_swarm(cfg: SwarmConfig) -> tuple[hivemind.DHT, str]:
@@ -327,6 +361,15 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             for buffer, grad in zip(averaged, local, strict=True):
                 buffer.copy_(grad)
         self._load_averaged_gradients_into_optimizer_()
+
+    def _make_state_averager(self, **kwargs):
+        # hivemind's own construction, of the class that can take a state downloaded while joining
+        module = hivemind.optim.optimizer
+        module.TrainingStateAverager = prefetch.TrainingStateAverager
+        try:
+            return super()._make_state_averager(**kwargs)
+        finally:
+            module.TrainingStateAverager = prefetch.state_averager.TrainingStateAverager
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ProgressTracker:
         return SwarmTracker(

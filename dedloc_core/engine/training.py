@@ -21,7 +21,7 @@ from dedloc_core.catalog.model import experiment_from
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
 
-from . import gate, hivemind_patches, invited, limits, metrics, reachability, robust, swarm
+from . import gate, hivemind_patches, invited, limits, metrics, prefetch, reachability, robust, swarm
 from .channel import Control, EventChannel
 from .diloco import DilocoOptimizer
 from .reachability import RELAY_LOST, VIA_RELAY, only_loopback
@@ -127,10 +127,11 @@ class Session:
             self.param_digest = lambda _model: self.optimizer.outer_digest()  # identical on synced peers
         else:
             self._hold_while_paused("joining", f"Joining the swarm of {exp.title}")  # seconds of CPU
+            state = prefetch.start(self.dht, exp.run_id, cfg.load_state_timeout)  # while the optimizer is built
             self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
             self.param_digest = swarm.param_digest
             clock.lap("optimizer")
-            self._catch_up()
+            self._catch_up(state)
         self.on_gpu = self._on_gpu()
         self.gate = limits.PauseGate(self._should_hold, self._pause)
         self.gate.attach(self.model)  # pauses inside forward and backward, not only between batches
@@ -145,19 +146,23 @@ class Session:
         self._relay_ok_reported = True
         return self
 
-    def _catch_up(self) -> None:
+    def _catch_up(self, state) -> None:
         """A swarm already past our step: load its state now, before any gradients are computed.
         hivemind would find out only after its first fetch of the swarm's progress, at a step, and
-        throw that micro-batch away; its tracker read the swarm's step once at start already."""
+        throw that micro-batch away; its tracker read the swarm's step once at start already.
+        ``state``: the download begun while the optimizer was built (``prefetch.start``)."""
         opt = self.optimizer
         swarm_step = opt.tracker.global_epoch
         if swarm_step <= opt.local_epoch:
+            state.cancel()
             return  # alone, or the first: nothing to wait for
         self._state("joining", f"Loading the swarm's state (step {swarm_step})")
         began, before = time.monotonic(), opt.local_epoch
+        opt.state_averager.prefetched, opt.state_averager.min_epoch = state, swarm_step - 1
         opt.load_state_from_peers()
-        logger.info("Loaded the swarm's state in %.1f s (step %d -> %d)", time.monotonic() - began, before,
-                    opt.local_epoch)
+        logger.info("Loaded the swarm's state in %.1f s (step %d -> %d, %s)", time.monotonic() - began, before,
+                    opt.local_epoch, "downloaded while joining" if opt.state_averager.used_prefetched
+                    else "downloaded now")
 
     def _hold_while_paused(self, state: str, reason: str) -> None:
         """Between the steps of joining: wait, using no CPU, while the app says pause; then say

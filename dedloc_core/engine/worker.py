@@ -111,9 +111,9 @@ def check_experiment(experiment: dict):
 
 def _setup_logging(level: str, channel: EventChannel) -> None:
     root = logging.getLogger()
-    root.setLevel(logging.INFO)
     stderr = logging.StreamHandler(sys.stderr)
     stderr.setLevel(getattr(logging, level.upper(), logging.INFO))
+    root.setLevel(min(logging.INFO, stderr.level))  # DEDLOC_LOG_LEVEL=DEBUG shows hivemind's debug lines too
     stderr.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [worker %(process)d] %(name)s: %(message)s"))
     root.addHandler(stderr)
     root.addHandler(EventLogHandler(channel))

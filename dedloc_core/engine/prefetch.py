@@ -1,0 +1,110 @@
+"""A newcomer's state download, begun as soon as its DHT is up.
+
+hivemind downloads a running swarm's state only once its Optimizer exists, and building that takes
+seconds of CPU (torch._dynamo's import on the first torch.optim constructor, forking two
+averagers). ``start()`` runs the download in the DHT's process meanwhile, the way hivemind's
+averager does it (``DecentralizedAverager._load_state_from_peers``: the peers that declared their
+state, highest step first, ``rpc_download_state``); ``PrefetchingStateAverager`` hands the result to
+hivemind's own ``load_state_from_peers`` instead of downloading it again.
+
+hivemind names a peer's RPC handlers after the servicer's class (``TrainingStateAverager.rpc_download_state``),
+so our subclass keeps that name: peers of every version find each other's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from functools import partial
+
+from hivemind.averaging.averager import DecentralizedAverager
+from hivemind.compression import deserialize_torch_tensor
+from hivemind.optim import state_averager
+from hivemind.p2p import PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.utils import MPFuture, MSGPackSerializer, ValueWithExpiration
+from hivemind.utils.asyncio import aiter_with_timeout
+from hivemind.utils.streaming import combine_from_streaming
+
+logger = logging.getLogger(__name__)
+
+
+def start(dht, run_id: str, timeout: float) -> MPFuture:
+    """Download the swarm's newest state in ``dht``'s process; the future gives ``(metadata, tensors)``,
+    or None when the swarm is at step 0 or nobody shares a state."""
+    return dht.run_coroutine(partial(_download, run_id=run_id, timeout=timeout), return_future=True)
+
+
+def swarm_step(progress) -> int:
+    """The highest step among the progress records of ``{run_id}_progress`` (0 when none)."""
+    if not isinstance(progress, dict):
+        return 0
+    epochs = [info.value.get("epoch") for info in progress.values()
+              if isinstance(info, ValueWithExpiration) and isinstance(info.value, dict)]
+    return max((e for e in epochs if isinstance(e, int)), default=0)
+
+
+async def _download(_dht, node, run_id: str, timeout: float):
+    progress = await node.get(f"{run_id}_progress", latest=True)
+    if swarm_step(progress.value if progress else None) <= 0:
+        return None  # the first peers: nothing to catch up with
+    prefix = f"{run_id}_state_averager"
+    found = await node.get(f"{prefix}.all_averagers", latest=True)
+    sharing = found.value if found and isinstance(found.value, dict) else {}
+    priority = {PeerID(peer): (float(info.value), random.random()) for peer, info in sharing.items()
+                if isinstance(info, ValueWithExpiration) and isinstance(info.value, (float, int))}
+    for peer in sorted(priority, key=priority.get, reverse=True):
+        if peer == node.peer_id:
+            continue
+        began = time.monotonic()
+        try:
+            stub = state_averager.TrainingStateAverager.get_stub(node.p2p, peer, namespace=prefix)
+            stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
+            metadata, tensors, parts = None, [], []
+            async for message in aiter_with_timeout(stream, timeout=timeout):
+                if message.metadata:
+                    metadata = MSGPackSerializer.loads(message.metadata)
+                if message.tensor_part.dtype and parts:  # a new tensor begins
+                    tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+                    parts = []
+                parts.append(message.tensor_part)
+            if parts:
+                tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+        except Exception as exc:
+            logger.warning(f"Could not download the state from {peer}: {exc!r}")
+            continue
+        if metadata:
+            logger.info(f"Downloaded the swarm's state (step {metadata.get('epoch')}) from {peer} while joining,"
+                     f" in {time.monotonic() - began:.1f} s")
+            return metadata, tensors
+    return None
+
+
+class _UsesPrefetched(DecentralizedAverager):
+    """Answers the first ``load_state_from_peers`` with the prefetched state, if it is recent enough."""
+
+    prefetched: MPFuture | None = None
+    min_epoch = 0  # an older prefetched state is dropped: hivemind would load again at once
+    used_prefetched = False  # the last load took the prefetched state
+
+    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
+        future, self.prefetched, self.used_prefetched = self.prefetched, None, False
+        if future is not None and wait:
+            try:
+                state = future.result(timeout=timeout)
+            except Exception as exc:
+                logger.warning("The state downloaded while joining is lost (%r); downloading it again", exc)
+                state = None
+            if state is not None and state[0].get("epoch", -1) >= self.min_epoch:
+                self.used_prefetched = True
+                return state
+            if state is not None:
+                logger.info("The state downloaded while joining is from step %s, the swarm is at %d: downloading"
+                            " it again", state[0].get("epoch"), self.min_epoch + 1)
+        return super().load_state_from_peers(wait=wait, timeout=timeout)
+
+
+class TrainingStateAverager(state_averager.TrainingStateAverager, _UsesPrefetched):
+    """hivemind's TrainingStateAverager whose next load may use a state downloaded beforehand
+    (the same class name: it names the handlers on the wire)."""
