@@ -14,13 +14,18 @@ all training the shipped demo experiment's model (tiny-lm d128x4, seq 128; batch
    (its state loaded), and to its first samples counted in a round (its first ``stats`` event with
    ``rounds`` >= 1: its gradients went into an all-reduce with the others).
 
+Cases 2 and 3 run in a fair lab: each node in its own CPU group with a fixed quota (``--cpu`` for
+the volunteers already in the swarm, 0.5 cores each by default; ``--new-cpu`` 0.8 for the newcomer;
+``--backbone-cpu`` 0.2; 2 cores in all), so that the newcomer's start is not slowed by the other
+volunteers' training, which in the world runs on their own computers (0: no quota).
+
 The bound for case 3 is ``2 x state bytes / link rate + 5 s``: the state is what a newcomer loads
 from the swarm (parameters and optimizer state, fp32, as hivemind's state averager sends them),
 the link rate the newcomer's download rate. The table also shows the bytes the newcomer received
 until then and each worker's own account of its start (its "Ready to train" log line: imports,
 data, model, swarm, optimizer). Last line: ``join seconds: X, bound: B`` (case 3).
 
-    python bench/join_time.py [--steps 2] [--keep DIR]
+    python bench/join_time.py [--steps 2] [--keep DIR] [--cpu 0.5 --new-cpu 0.8 --backbone-cpu 0.2]
 """
 
 from __future__ import annotations

@@ -339,6 +339,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     rounds_joined = 0
     last_group_size = 0
     averaging_seconds = 0.0
+    _fresh_load = False  # a state was just loaded: the swarm may have stepped meanwhile
     _local_grads: list[torch.Tensor] | None = None  # this step's local gradients, while its round runs
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
@@ -361,6 +362,27 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             for buffer, grad in zip(averaged, local, strict=True):
                 buffer.copy_(grad)
         self._load_averaged_gradients_into_optimizer_()
+
+    def load_state_from_peers(self, **kwargs):
+        super().load_state_from_peers(**kwargs)
+        self._fresh_load = True
+
+    def _should_load_state_from_peers(self) -> bool:
+        fetched = self.tracker.fetched_global_progress_this_epoch.is_set()
+        if self._fresh_load and self._should_check_synchronization_on_update and fetched:
+            self._fresh_load = False
+            if self.tracker.global_epoch == self.local_epoch + 1:
+                # The swarm stepped while we loaded its state (on a slow link a download lasts about a
+                # step): take its step number, as hivemind's load_state_from_peers does when it sees the
+                # new step at load time, instead of downloading the whole state again. Our parameters
+                # miss that one update; state averaging brings them back to the swarm's.
+                self._should_check_synchronization_on_update = False
+                logger.info("The swarm reached step %d while we loaded its state: going on from there",
+                            self.tracker.global_epoch)
+                self.state_averager.local_epoch = self.tracker.global_epoch
+                self.tracker.report_local_progress(self.local_epoch, self.tracker.local_progress.samples_accumulated)
+                return False
+        return super()._should_load_state_from_peers()
 
     def _make_state_averager(self, **kwargs):
         # hivemind's own construction, of the class that can take a state downloaded while joining
