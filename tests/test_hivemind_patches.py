@@ -202,3 +202,51 @@ def test_a_cancelled_step_reads_cancelled_when_the_averager_hears_of_it():
 def test_without_the_patch_the_averager_hears_of_the_cancel_before_the_step_reads_cancelled():
     # the averager then went on to an all-reduce: the cancelled trigger counts as "triggered"
     assert run_probe(CANCEL, "plain") == "False False True True"
+
+
+# hivemind's handler for a groupmate's parts, on an averager whose loop has not triggered the round
+# yet: "a group was registered" is already set (an earlier round's end sets it), and the part's own
+# group registers 0.3 s later. The averager's state is a named stand-in (``AveragerState``): only the
+# fields the handler reads.
+GROUP = """
+import asyncio, sys
+from types import SimpleNamespace
+from hivemind.averaging.averager import DecentralizedAverager
+from hivemind.proto import averaging_pb2
+if sys.argv[1] == "patched":
+    from dedloc_core.engine import hivemind_patches
+    hivemind_patches.install()
+
+class Round:  # the registered all-reduce: answers each part
+    async def rpc_aggregate_part(self, stream, context):
+        async for request in stream:
+            yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART)
+
+async def main():
+    AveragerState = SimpleNamespace
+    state = AveragerState(_running_groups={}, _pending_groups_registered=asyncio.Event(), next_chunk_timeout=3.0,
+                          dht=None)
+    state._pending_groups_registered.set()
+    async def parts():
+        yield averaging_pb2.AveragingData(code=averaging_pb2.PART_FOR_AVERAGING, group_id=b"g1")
+    async def register_later():
+        await asyncio.sleep(0.3)
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(Round())
+        state._running_groups[b"g1"] = future
+    asyncio.create_task(register_later())
+    handler = DecentralizedAverager.rpc_aggregate_part
+    context = SimpleNamespace(remote_id="QmSender")  # the P2PContext field the invite gate reads
+    replies = [averaging_pb2.MessageCode.Name(m.code) async for m in handler(state, parts(), context)]
+    print(*replies)
+
+asyncio.run(main())
+"""
+
+
+def test_a_part_waits_for_its_group_to_be_registered():
+    assert run_probe(GROUP, "patched") == "AVERAGED_PART"
+
+
+def test_without_the_patch_a_part_before_its_group_is_refused():
+    assert run_probe(GROUP, "plain") == "BAD_GROUP_ID"
