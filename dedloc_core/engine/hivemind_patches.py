@@ -94,13 +94,6 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    group another peer meant for its real step, and left this peer's real round without one until
    the averaging timeout: in two peers' logs on loopback, most failed rounds and 30 s stalls began
    so. Now the state is set first, then the averager is told.
-11. ``parts wait for their group``: a peer's all-reduce begins when *its* training loop triggers
-   it, and its parts reach groupmates whose loops have not triggered theirs yet.
-   ``DecentralizedAverager.rpc_aggregate_part`` (``averaging/averager.py``) then waits for "a group
-   registered" (an event that any earlier round's end also sets) and answers BAD_GROUP_ID: the
-   round fails for both ("Reducer: received 1.9 % of input tensors", most failed rounds between two
-   peers on loopback once patch 10 was in). Now it waits for *that* group, up to the chunk timeout
-   (the sender gives up after it anyway).
 """
 
 from __future__ import annotations
@@ -157,7 +150,6 @@ def install() -> None:
     _patch_p2pd_flags()
     _patch_task_references()
     _patch_robust_aggregation()
-    _patch_parts_wait_for_their_group()  # before patch 8, which wraps the handler
     _patch_invite_gate()
     _patch_state_declarations()
     _patch_step_cancel()
@@ -670,29 +662,3 @@ def _patch_step_cancel() -> None:
         return cancelled
 
     StepControl.cancel = cancel  # type: ignore[method-assign]
-
-
-def _patch_parts_wait_for_their_group() -> None:
-    """Patch 11 (see the module docstring): hivemind's handler, waiting for the part's own group."""
-    from hivemind.averaging.averager import DecentralizedAverager
-    from hivemind.proto import averaging_pb2
-    from hivemind.utils.asyncio import achain, anext, as_aiter
-
-    original = DecentralizedAverager.rpc_aggregate_part
-
-    @functools.wraps(original)  # hivemind builds its handlers from the argument names and annotations
-    async def rpc_aggregate_part(self, stream, context):
-        request = await anext(stream)
-        loop = asyncio.get_running_loop()
-        until = loop.time() + (self.next_chunk_timeout or 5.0)
-        while request.group_id not in self._running_groups and loop.time() < until:
-            await asyncio.sleep(0.02)  # our loop has not triggered this round yet
-        future = self._running_groups.get(request.group_id)
-        if future is None:
-            yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
-            return
-        group = await future
-        async for message in group.rpc_aggregate_part(achain(as_aiter(request), stream), context):
-            yield message
-
-    DecentralizedAverager.rpc_aggregate_part = rpc_aggregate_part
