@@ -127,7 +127,8 @@ class Session:
             self.param_digest = lambda _model: self.optimizer.outer_digest()  # identical on synced peers
         else:
             self._hold_while_paused("joining", f"Joining the swarm of {exp.title}")  # seconds of CPU
-            state = prefetch.start(self.dht, exp.run_id, cfg.load_state_timeout)  # while the optimizer is built
+            # while the optimizer is built; with no initial peers we are the swarm's first: nothing to load
+            state = prefetch.start(self.dht, exp.run_id, cfg.load_state_timeout) if cfg.initial_peers else None
             self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
             self.param_digest = swarm.param_digest
             clock.lap("optimizer")
@@ -150,11 +151,12 @@ class Session:
         """A swarm already past our step: load its state now, before any gradients are computed.
         hivemind would find out only after its first fetch of the swarm's progress, at a step, and
         throw that micro-batch away; its tracker read the swarm's step once at start already.
-        ``state``: the download begun while the optimizer was built (``prefetch.start``)."""
+        ``state``: the download begun while the optimizer was built (``prefetch.start``), or None."""
         opt = self.optimizer
         swarm_step = opt.tracker.global_epoch
         if swarm_step <= opt.local_epoch:
-            state.cancel()
+            if state is not None:
+                state.cancel()
             return  # alone, or the first: nothing to wait for
         self._state("joining", f"Loading the swarm's state (step {swarm_step})")
         began, before = time.monotonic(), opt.local_epoch
