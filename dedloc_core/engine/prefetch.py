@@ -4,7 +4,8 @@ hivemind downloads a running swarm's state only once its Optimizer exists, and b
 seconds of CPU (torch._dynamo's import on the first torch.optim constructor, forking two
 averagers). ``start()`` runs the download in the DHT's process meanwhile, the way hivemind's
 averager does it (``DecentralizedAverager._load_state_from_peers``: the peers that declared their
-state, highest step first, ``rpc_download_state``); ``PrefetchingStateAverager`` hands the result to
+state, highest step first, ``rpc_download_state``; that loop runs in the averager's process, which
+does not exist yet, so it is written again here); our ``TrainingStateAverager`` hands the result to
 hivemind's own ``load_state_from_peers`` instead of downloading it again.
 
 hivemind names a peer's RPC handlers after the servicer's class (``TrainingStateAverager.rpc_download_state``),
@@ -76,7 +77,7 @@ async def _download(_dht, node, run_id: str, timeout: float):
             continue
         if metadata:
             logger.info(f"Downloaded the swarm's state (step {metadata.get('epoch')}) from {peer} while joining,"
-                     f" in {time.monotonic() - began:.1f} s")
+                        f" in {time.monotonic() - began:.1f} s")
             return metadata, tensors
     return None
 
