@@ -277,19 +277,25 @@ class StatelessGradientAverager(GradientAverager):
 
 class _PacedEvent(threading.Event):
     """``ProgressTracker.should_report_progress`` that wakes the reporter (the only thread that waits
-    on it) at most once per ``period`` seconds, unless ``hurry`` is set (a new epoch, shutdown)."""
+    on it) at most once per ``period`` seconds, unless ``hurry`` is set (a new epoch, shutdown).
+
+    The wake after a hurried one is not paced: hivemind's reporter publishes only while this peer's
+    last report with samples in it is at most one epoch old, and the hurried report of a new epoch
+    has none. A peer stepping faster than ``period`` was otherwise never published at all."""
 
     def __init__(self, period: float):
         super().__init__()
         self.period = period
         self.hurry = threading.Event()
         self._next = 0.0
+        self._hurried = False
 
     def wait(self, timeout: float | None = None) -> bool:
         began = time.monotonic()
-        pause = self._next - began
+        pause = 0.0 if self._hurried else self._next - began
         if pause > 0 and not self.hurry.is_set():
             self.hurry.wait(pause if timeout is None else min(pause, timeout))
+        self._hurried = self.hurry.is_set()
         self.hurry.clear()
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
         result = super().wait(left)
