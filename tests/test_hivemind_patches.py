@@ -1,7 +1,7 @@
 """hivemind_patches patch 6: tasks nobody keeps and the MPFutures they await survive garbage collection,
 and so does the task serving a connection to a unix-socket server; patch 9: an averager renews its
 state record before the record expires; patch 10: a cancelled averaging step reads cancelled by the
-time the averager hears of the cancel; patch 11: a groupmate's part waits briefly for its group."""
+time the averager hears of the cancel."""
 
 from __future__ import annotations
 
@@ -202,62 +202,3 @@ def test_a_cancelled_step_reads_cancelled_when_the_averager_hears_of_it():
 def test_without_the_patch_the_averager_hears_of_the_cancel_before_the_step_reads_cancelled():
     # the averager then went on to an all-reduce: the cancelled trigger counts as "triggered"
     assert run_probe(CANCEL, "plain") == "False False True True"
-
-
-# hivemind's handler for a groupmate's parts, on an averager that registers the part's group a little
-# later (its loop triggered the round later, or it learned of the group later): "a group was
-# registered" is already set, as an earlier round's end leaves it. The averager's state is a named
-# stand-in (``AveragerState``): only the fields the handler reads.
-GROUP = """
-import asyncio, sys, time
-from types import SimpleNamespace
-from hivemind.averaging.averager import DecentralizedAverager
-from hivemind.proto import averaging_pb2
-if sys.argv[1] != "plain":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
-
-class Round:  # the registered all-reduce: answers each part
-    async def rpc_aggregate_part(self, stream, context):
-        async for request in stream:
-            yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART)
-
-async def main():
-    AveragerState = SimpleNamespace
-    state = AveragerState(_running_groups={}, _pending_groups_registered=asyncio.Event(), dht=None)
-    state._pending_groups_registered.set()
-    async def parts():
-        yield averaging_pb2.AveragingData(code=averaging_pb2.PART_FOR_AVERAGING, group_id=b"g1")
-    async def register_later():
-        await asyncio.sleep(0.3)
-        future = asyncio.get_running_loop().create_future()
-        future.set_result(Round())
-        state._running_groups[b"g1"] = future
-    if sys.argv[1] != "never":
-        asyncio.create_task(register_later())
-    handler = DecentralizedAverager.rpc_aggregate_part
-    context = SimpleNamespace(remote_id="QmSender")  # the P2PContext field the invite gate reads
-    began = time.monotonic()
-    replies = [averaging_pb2.MessageCode.Name(m.code) async for m in handler(state, parts(), context)]
-    print(*replies, round(time.monotonic() - began, 1))
-
-asyncio.run(main())
-"""
-
-
-def test_a_part_waits_for_its_group_to_be_registered():
-    reply, waited = run_probe(GROUP, "patched").split()
-    assert reply == "AVERAGED_PART"
-    assert float(waited) < 1.0  # answered when the group registered (0.3 s), not at the end of the grace
-
-
-def test_without_the_patch_a_part_before_its_group_is_refused():
-    assert run_probe(GROUP, "plain").split()[0] == "BAD_GROUP_ID"
-
-
-def test_a_part_whose_group_never_registers_is_refused_after_the_grace():
-    from dedloc_core.engine.hivemind_patches import GROUP_GRACE
-
-    reply, waited = run_probe(GROUP, "never").split()
-    assert reply == "BAD_GROUP_ID"
-    assert float(waited) >= GROUP_GRACE - 0.1  # it did wait for the group, then gave up

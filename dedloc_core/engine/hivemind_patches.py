@@ -94,15 +94,6 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    group another peer meant for its real step, and left this peer's real round without one until
    the averaging timeout: in two peers' logs on loopback, most failed rounds and 30 s stalls began
    so. Now the state is set first, then the averager is told.
-11. ``a part waits briefly for its group``: the members of a group register it when each learns
-   that the group is complete and its own loop has triggered the round, a few tens of ms apart; the
-   first to register sends its parts at once. ``DecentralizedAverager.rpc_aggregate_part``
-   (``averaging/averager.py``) then waits for "a group registered", an event any earlier round's
-   end had already set, and answers BAD_GROUP_ID: the round failed for the whole group (a lab log:
-   parts 33 ms before the receiver registered the group). Now a part waits for its own group, up
-   to ``GROUP_GRACE`` seconds. (A stop-26 version waited up to the chunk timeout, 5 s; then, a
-   newcomer's too-late rounds (see ``swarm.RoundCountingOptimizer``) held its groupmates that long,
-   and the lab measured more failed rounds with it than without.)
 """
 
 from __future__ import annotations
@@ -159,7 +150,6 @@ def install() -> None:
     _patch_p2pd_flags()
     _patch_task_references()
     _patch_robust_aggregation()
-    _patch_parts_wait_for_their_group()  # before patch 8, which wraps the handler
     _patch_invite_gate()
     _patch_state_declarations()
     _patch_step_cancel()
@@ -672,32 +662,3 @@ def _patch_step_cancel() -> None:
         return cancelled
 
     StepControl.cancel = cancel  # type: ignore[method-assign]
-
-
-GROUP_GRACE = 1.0  # patch 11: seconds a groupmate's part waits for this peer to register its group
-
-
-def _patch_parts_wait_for_their_group() -> None:
-    """Patch 11 (see the module docstring): hivemind's handler, waiting briefly for the part's group."""
-    from hivemind.averaging.averager import DecentralizedAverager
-    from hivemind.proto import averaging_pb2
-    from hivemind.utils.asyncio import achain, anext, as_aiter
-
-    original = DecentralizedAverager.rpc_aggregate_part
-
-    @functools.wraps(original)  # hivemind builds its handlers from the argument names and annotations
-    async def rpc_aggregate_part(self, stream, context):
-        request = await anext(stream)
-        loop = asyncio.get_running_loop()
-        until = loop.time() + GROUP_GRACE
-        while request.group_id not in self._running_groups and loop.time() < until:
-            await asyncio.sleep(0.01)
-        future = self._running_groups.get(request.group_id)
-        if future is None:
-            yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
-            return
-        group = await future
-        async for message in group.rpc_aggregate_part(achain(as_aiter(request), stream), context):
-            yield message
-
-    DecentralizedAverager.rpc_aggregate_part = rpc_aggregate_part

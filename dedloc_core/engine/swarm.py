@@ -20,7 +20,6 @@ from functools import partial
 
 import hivemind
 import torch
-from hivemind.averaging.control import AveragingStage
 from hivemind.compression import Float16Compression
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
@@ -347,9 +346,6 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     last_group_size = 0
     averaging_seconds = 0.0
     _fresh_load = False  # a state was just loaded: the swarm may have stepped meanwhile
-    _joining = False  # a state was loaded and this peer has not stepped since
-    _sat_out_epoch = -1  # the step this peer joined too late for (no round until the swarm's next one)
-    _grads_scheduled_at = 0.0  # time.monotonic() when the pending gradient round was scheduled
     _local_grads: list[torch.Tensor] | None = None  # this step's local gradients, while its round runs
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
@@ -375,62 +371,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
 
     def load_state_from_peers(self, **kwargs):
         super().load_state_from_peers(**kwargs)
-        self._fresh_load = self._joining = True
-
-    @property
-    def _sitting_out(self) -> bool:
-        return self._sat_out_epoch == self.local_epoch
-
-    def _maybe_schedule_gradient_averaging(self) -> None:
-        if self._sitting_out:
-            return
-        pending = self.scheduled_grads
-        super()._maybe_schedule_gradient_averaging()
-        if self.scheduled_grads is not pending:
-            self._grads_scheduled_at = time.monotonic()
-
-    def _maybe_schedule_state_averaging(self) -> None:
-        if not self._sitting_out:
-            super()._maybe_schedule_state_averaging()
-
-    def _update_global_epoch(self, grad_scaler) -> None:
-        others = self.tracker.global_progress.num_peers > 1  # alone, nobody else would step
-        if self._joining and others and (self._sitting_out or self._too_late_for_this_round()):
-            self._sit_out_this_step()
-            return
-        self._joining, self._sat_out_epoch = False, -1
-        super()._update_global_epoch(grad_scaler)
-
-    def _too_late_for_this_round(self) -> bool:
-        """Whether this peer, about to step for the first time since it loaded the swarm's state,
-        has a gradient round that found no group and was scheduled only just now: the others' rounds
-        for this step formed their group before, so this one could only join their rounds for the
-        *next* step. Those wait for the others' loops, which wait for their state round, which this
-        peer's state averager joined and triggers only after that gradient round: every round then
-        failed by timeout (a newcomer in bench/join_time.py stepped 23 ms after it caught up, and its
-        first round came 31-41 s after its start, the others' rounds failing meanwhile)."""
-        control = self.scheduled_grads
-        if control is None or control.done():
-            return True
-        if control.stage not in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP):
-            return False  # in a group, so with the others' rounds for this step
-        return time.monotonic() - self._grads_scheduled_at < self.matchmaking_time / 2
-
-    def _sit_out_this_step(self) -> None:
-        """Schedule no round until the swarm takes its next step, then take the swarm's step number,
-        keeping the samples accumulated meanwhile for the next round. The parameters miss this step's
-        update; the next state averaging brings them to the swarm's, as after the catch-up below."""
-        if not self._sitting_out:
-            logger.info("Joined at the end of step %d: our first round is the next step's", self.local_epoch)
-            self._sat_out_epoch = self.local_epoch
-            for control in (self.scheduled_grads, self.scheduled_state):
-                if control is not None and not control.done():
-                    control.cancel()
-            self.scheduled_grads = self.scheduled_state = None
-        if self.tracker.global_epoch > self.local_epoch:
-            self._joining = False
-            self.state_averager.local_epoch = self.tracker.global_epoch
-            self.tracker.report_local_progress(self.local_epoch, self.tracker.local_progress.samples_accumulated)
+        self._fresh_load = True
 
     def _should_load_state_from_peers(self) -> bool:
         fetched = self.tracker.fetched_global_progress_this_epoch.is_set()
