@@ -153,19 +153,27 @@ def snapshot(lab: Lab, peers: list[Peer], backbone) -> dict:
 
 
 def cpu_by_kind(peer: Peer) -> dict[str, float]:
-    """CPU seconds so far of the processes in a volunteer's CPU group: the worker's training process,
-    its forked helpers (DHT, averagers) and p2pd."""
+    """CPU seconds so far in a volunteer's CPU group: "worker", its Python processes (the worker, and
+    hivemind's DHT and averagers when they were forked processes; threads of the worker since
+    ``helper_threads``), of which "loop" is the worker's main thread (the training loop) and
+    "helpers" the rest; and "p2pd"."""
     out = {"worker": 0.0, "loop": 0.0, "helpers": 0.0, "p2pd": 0.0}
     for pid in (peer.host.cgroup / "cgroup.procs").read_text().split():
         try:
             proc = psutil.Process(int(pid))
             times = proc.cpu_times()
-            kind = "p2pd" if "p2pd" in proc.name() else "worker" if proc.pid == peer.worker.pid else "helpers"
-            if kind == "worker":  # the training loop's own thread (the main thread: its id is the pid)
-                out["loop"] += sum(t.user_time + t.system_time for t in proc.threads() if t.id == proc.pid)
+            used = times.user + times.system
+            if "p2pd" in proc.name():
+                out["p2pd"] += used
+                continue
+            loop = 0.0
+            if proc.pid == peer.worker.pid:  # the main thread's id is the pid
+                loop = sum(t.user_time + t.system_time for t in proc.threads() if t.id == proc.pid)
         except psutil.Error:
             continue
-        out[kind] += times.user + times.system
+        out["worker"] += used
+        out["loop"] += loop
+        out["helpers"] += used - loop
     return out
 
 
@@ -228,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             ("  of which to backbone", lambda r: f"{r['bb_bps']:.0f}"),
             ("cores: worker", lambda r: f"{r['cpu']['worker']:.3f}"),
             ("  of which the loop", lambda r: f"{r['cpu']['loop']:.3f}"),
-            ("cores: helpers", lambda r: f"{r['cpu']['helpers']:.3f}"),
+            ("  of which the rest", lambda r: f"{r['cpu']['helpers']:.3f}"),
             ("cores: p2pd", lambda r: f"{r['cpu']['p2pd']:.3f}"),
             ("loop in step/batch", lambda r: f"{r['busy']:.2f}"),
             (f"loss @ {common} samples", lambda r: f"{loss_at(r['history'], common):.4f}"),

@@ -89,7 +89,7 @@ def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, 
     assert loading is not None, f"the newcomer did not load the swarm's state while joining: {said}"
     assert said[loading][0] == "joining" and loading < [s for s, _ in said].index("training"), said
     # The state it loaded was downloaded while its optimizer was being built (prefetch.py), by its
-    # DHT's process, not after: hivemind's averager downloads only once the optimizer exists.
+    # DHT's thread, not after: hivemind's averager downloads only once the optimizer exists.
     log = (newcomer.worker.home / "worker.log").read_text()
     loaded = re.search(r"Loaded the swarm's state in .*", log)
     assert loaded and "downloaded while joining" in loaded.group(0), loaded.group(0) if loaded else log[-3000:]

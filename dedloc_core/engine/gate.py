@@ -1,7 +1,8 @@
 """Invite-only swarms: who holds a valid token, checked by every peer (see ``dedloc_core.invites``).
 
 For an experiment with ``needs_token``, ``configure(run_id, invite_key)`` in the main process, before
-hivemind forks (the averager processes inherit it), turns the checks on:
+creating the DHT and the averagers (threads of this process since ``helper_threads``; forked
+processes inherit it too), turns the checks on:
 
 - the DHT: ``InviteAuthorizer`` (hivemind's ``TokenAuthorizerBase``, passed as ``authorizer=``) puts
   this peer's token in every DHT request and response, signed with its libp2p identity key, and
@@ -12,8 +13,8 @@ hivemind forks (the averager processes inherit it), turns the checks on:
   peer has published a valid token under ``{run_id}_invites`` in the DHT (cached until the token
   expires; an unknown peer costs at most one DHT read a second).
 
-``TokenHolder`` keeps this peer's current token in shared memory, so the forked DHT and averager
-processes see each renewal; ``publish`` stores it in the DHT for the other peers.
+``TokenHolder`` keeps this peer's current token in shared memory, so the DHT and the averagers see
+each renewal, whether threads or forked processes; ``publish`` stores it in the DHT for the other peers.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def publish(dht, token: str, subkey) -> None:
 
 
 class TokenHolder:
-    """This peer's current token in shared memory (readable by the forked DHT and averagers)."""
+    """This peer's current token in shared memory (readable by the DHT and averagers, threads or forked processes)."""
 
     def __init__(self, token: str = ""):
         self._buffer = mp.Array("c", _MAX_TOKEN)

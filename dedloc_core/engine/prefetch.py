@@ -2,10 +2,10 @@
 
 hivemind downloads a running swarm's state only once its Optimizer exists, and building that takes
 seconds of CPU (torch._dynamo's import on the first torch.optim constructor, forking two
-averagers). ``start()`` runs the download in the DHT's process meanwhile, the way hivemind's
+averagers). ``start()`` runs the download in the DHT's event loop (its thread) meanwhile, the way hivemind's
 averager does it (``DecentralizedAverager._load_state_from_peers``: the peers that declared their
-state, highest step first, ``rpc_download_state``; that loop runs in the averager's process, which
-does not exist yet, so it is written again here); our ``TrainingStateAverager`` hands the result to
+state, highest step first, ``rpc_download_state``; that loop runs in the averager, which does not
+exist yet, so it is written again here); our ``TrainingStateAverager`` hands the result to
 hivemind's own ``load_state_from_peers`` instead of downloading it again.
 
 hivemind names a peer's RPC handlers after the servicer's class (``TrainingStateAverager.rpc_download_state``),
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 def start(dht, run_id: str, timeout: float) -> MPFuture:
-    """Download the swarm's newest state in ``dht``'s process; the future gives ``(metadata, tensors)``,
+    """Download the swarm's newest state in ``dht``'s event loop; the future gives ``(metadata, tensors)``,
     or None when the swarm is at step 0 or nobody shares a state."""
     return dht.run_coroutine(partial(_download, run_id=run_id, timeout=timeout), return_future=True)
 

@@ -41,7 +41,7 @@ MAX_DIAL_ADDRS = 8
 # ---- the backbone's side -------------------------------------------------------------------------
 
 def serve_dialback(dht) -> None:
-    """Answer dial-back requests on ``dht``'s p2p (runs inside the DHT's process)."""
+    """Answer dial-back requests on ``dht``'s p2p (runs in the DHT's event loop)."""
     dht.run_coroutine(_add_dialback_handler)
 
 
@@ -114,7 +114,7 @@ def ask_dialback(dht, helpers: list[str], timeout: float = 15.0) -> bool | None:
 
 
 class _CallDialback:
-    """A picklable coroutine for ``DHT.run_coroutine`` (it runs in the DHT's process)."""
+    """A picklable coroutine for ``DHT.run_coroutine`` (it runs in the DHT's event loop)."""
 
     def __init__(self, peer_id: str, maddrs: list[str], timeout: float):
         self.peer_id, self.maddrs, self.timeout = peer_id, maddrs, timeout

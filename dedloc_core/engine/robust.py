@@ -33,8 +33,8 @@ _banned_until: dict[str, float] = {}
 
 
 def configure(kind: str = "mean", radius: float = 1.0, iterations: int = 3) -> None:
-    """Choose the aggregation (``mean`` or ``centered_clip``) for the all-reduces of this process and
-    of the averager processes it forks later."""
+    """Choose the aggregation (``mean`` or ``centered_clip``) for the all-reduces of this process (its
+    averager threads) and of the averager processes it forks later."""
     if kind not in ("mean", "centered_clip"):
         raise ValueError(f"unknown aggregation {kind!r}")
     _settings.update(kind=kind, radius=float(radius), iterations=int(iterations))

@@ -72,12 +72,17 @@ _libc = None
 def prepare_process() -> None:
     """Process-wide setup before any hivemind object is created.
 
-    Memory tuning measured with ``bench/overhead.py``: every forked child (DHT, averagers) and the
-    worker after building the Optimizer give the free pages of the C heap back to the OS
-    (``malloc_trim``), about 30 MB PSS of one peer's process tree. Before each fork the objects alive
-    are frozen out of the garbage collector (``gc.freeze``, as the Python docs advise for fork without
-    exec): a full collection in the parent or a child wrote to every inherited object and copied the
-    whole shared heap, about 70 MB per process, minutes into a run (``bench/chaos.py``).
+    hivemind's DHT and averagers run as threads of this process (``helper_threads``, installed with
+    the patches), so no tensor is shared with another process: torch's ``file_descriptor``
+    sharing strategy serves hivemind's ``share_memory_()`` calls without ``torch_shm_manager`` (a
+    60-70 MiB process that the default ``file_system`` strategy starts) and leaves nothing in
+    /dev/shm. Each shared tensor holds a file descriptor, so the soft limit on open files is raised
+    to the hard one (at most 65536). Memory measured with ``bench/overhead.py``.
+
+    Memory tuning from before, for processes that still fork (p2pd's spawn): the worker gives the
+    free pages of the C heap back to the OS (``malloc_trim``) after building the Optimizer and in
+    every forked child, and the objects alive are frozen out of the garbage collector before each
+    fork (``gc.freeze``, as the Python docs advise for fork without exec).
     """
     global _process_prepared
     mp.set_start_method("fork", force=True)
@@ -87,8 +92,26 @@ def prepare_process() -> None:
     if _process_prepared:
         return
     _process_prepared = True
+    _share_by_file_descriptor()
     _load_libc()
     os.register_at_fork(before=gc.freeze, after_in_child=trim_heap)
+
+
+def _share_by_file_descriptor() -> None:
+    import torch.multiprocessing as torch_mp
+
+    if "file_descriptor" not in torch_mp.get_all_sharing_strategies():
+        return  # Windows and macOS have file_system only (and no fork)
+    torch_mp.set_sharing_strategy("file_descriptor")
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError) as exc:
+        logger.warning("Could not raise the limit on open files (%s): a large model may hit it", exc)
 
 
 class SayOnce(logging.Filter):
@@ -147,7 +170,7 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
         opts["authorizer"] = cfg.authorizer
     opts.update(extra)
     dht = hivemind.DHT(start=True, await_ready=False, **opts)
-    _warm_up_optim()  # while the DHT's process starts p2pd and meets the swarm
+    _warm_up_optim()  # while the DHT's thread starts p2pd and meets the swarm
     dht.wait_until_ready()
     return dht
 

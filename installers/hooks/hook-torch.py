@@ -1,8 +1,9 @@
 """torch for PyInstaller, replacing the contributed hook to leave out what a CPU training worker
 never loads: the C++ headers, tests and test binaries, and the test-only Python packages.
 
-The shared libraries (torch/lib), ``torch_shm_manager`` (the worker shares tensors with hivemind's
-averager processes through it) and the Python sources (TorchScript compiles from them) stay.
+The shared libraries (torch/lib), ``torch_shm_manager`` (torch's ``file_system`` sharing strategy
+starts it; the worker uses ``file_descriptor``, but a plain hivemind run uses the default) and the
+Python sources (TorchScript compiles from them) stay.
 """
 # $PyInstaller-Hook-Priority: 100
 
