@@ -1,8 +1,9 @@
 """Upload and download caps enforced on this peer's p2p traffic: two token buckets in shared
-memory, so the worker and hivemind's averagers and DHT (threads of it, or processes forked from it
-without ``helper_threads``) draw from the same budget. ``hivemind_patches`` (patch 3) makes every p2p stream read and write and every
-unary call ``await take_up(n)`` / ``await take_down(n)`` first. Reading slower lets the stream's
-buffers fill, so TCP (through p2pd's yamux flow control) slows the remote sender down too.
+memory, so the worker and hivemind's averagers and DHT (threads of it, or processes forked from
+it without ``helper_threads``) draw from the same budget. ``hivemind_patches`` (patch 3) makes
+every p2p stream read and write and every unary call ``await take_up(n)`` /
+``await take_down(n)`` first. Reading slower lets the stream's buffers fill, so TCP (through
+p2pd's yamux flow control) slows the remote sender down too.
 
 A bucket lends: ``take`` may drive the balance below zero, and the caller then sleeps until the
 debt is paid at the capped rate. So concurrent takers are served in order, and a long message is

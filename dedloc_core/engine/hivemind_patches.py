@@ -9,8 +9,8 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    are threads since patch 11).
 2. ``children die with us``: hivemind forks its DHT and averager processes (threads since patch
    11) and starts ``p2pd`` (``p2p/p2p_daemon.py``, ``create_subprocess_exec``) without tying their
-   lifetime to ours; after a SIGKILL they linger forever. We set ``PR_SET_PDEATHSIG`` = SIGKILL in every forked child and in
-   ``p2pd``, so a killed worker takes its whole tree with it.
+   lifetime to ours; after a SIGKILL they linger forever. We set ``PR_SET_PDEATHSIG`` = SIGKILL in
+   every forked child and in ``p2pd``, so a killed worker takes its whole tree with it.
 3. ``bandwidth caps``: hivemind cannot cap traffic (its ``bandwidth`` is a load-balancing hint).
    We pace ``P2P.send_protobuf`` (each message waits for its tokens, then is written whole, as
    before) and ``P2P.receive_raw_data`` (read chunk by chunk, each after its tokens; ``p2p/p2p_daemon.py``)
