@@ -1,10 +1,11 @@
-"""hivemind_patches patch 11 (helper_threads): the DHT and the averagers are threads of the process,
-two of them still average, and a future settled through its copy on a pipe reaches its original.
-Each probe is a fresh process, with and without the patches."""
+"""hivemind_patches patch 11 (helper_threads): the DHT is a thread of the process (and the averagers
+too with ``DEDLOC_HELPER_THREADS=all``), two peers still average, and a future settled through its
+copy on a pipe reaches its original. Each probe is a fresh process, with and without the patches."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,14 +62,23 @@ except Exception as exc:
 """
 
 
-def probe(script: str, mode: str) -> str:
-    out = subprocess.run([sys.executable, "-c", script, mode], cwd=ROOT, capture_output=True, text=True, timeout=180)
+def probe(script: str, mode: str, threads: str = "dht") -> str:
+    env = {**os.environ, "DEDLOC_HELPER_THREADS": threads}
+    out = subprocess.run([sys.executable, "-c", script, mode], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                         env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_the_dht_and_averagers_are_threads_and_still_average():
+def test_the_dhts_are_threads_and_the_averagers_processes_that_still_average():
     got = json.loads(probe(AVERAGE, "patched"))
+    assert len(got["helpers"]) == 2, got  # the two averagers; no forked DHT
+    assert got["groups"] == [2, 2], got
+    assert got["averaged"] == [[2.0] * 8, [2.0] * 8], got
+
+
+def test_with_all_the_averagers_are_threads_too_and_still_average():
+    got = json.loads(probe(AVERAGE, "patched", threads="all"))
     assert got["helpers"] == [], got  # no forked DHT or averager process
     assert got["groups"] == [2, 2], got
     assert got["averaged"] == [[2.0] * 8, [2.0] * 8], got

@@ -339,7 +339,9 @@ def _descendants_while_training(worker: WorkerProcess, corpus_server) -> list[ps
         f"{len(progress)} progress events in 3 s ({batches} micro-batches, {epochs} global steps)"
     children = psutil.Process(worker.pid).children(recursive=True)
     found = [n.split(":", 1)[1] for n in names(children)]
-    assert found == ["p2pd"], found  # the DHT and the averagers are threads (helper_threads.py)
+    assert "p2pd" in found, found
+    # the two averagers; the DHT is a thread (helper_threads.py)
+    assert found.count("python") + found.count("python3") == 2, found
     return children
 
 

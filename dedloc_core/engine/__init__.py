@@ -10,7 +10,7 @@ The code is organized as follows:
 - ``pacing``: a sync-mode step long enough to hide a round (target batch, matchmaking time).
 - ``diloco``, ``delta_averaging``: low-communication training (DiLoCo) and its delta all-reduce.
 - ``hivemind_patches``: our named fixes and hooks on hivemind 1.1.12.
-- ``helper_threads``: hivemind's DHT and averagers as threads of the worker, not forked processes.
+- ``helper_threads``: hivemind's DHT (optionally its averagers) as threads of the worker, not processes.
 - ``robust``: robust aggregation (NaN/inf parts dropped, centered clip) and bans of repeat offenders.
 - ``gate``: invite-only swarms: the DHT authorizer, the token registry, who ``admits`` a peer.
 - ``invited``: a volunteer's token for an invite-only experiment: redeem, renew at half life.

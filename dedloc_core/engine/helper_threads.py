@@ -1,10 +1,14 @@
-"""hivemind's DHT and averagers as threads of the process that creates them, not forked processes.
+"""hivemind's DHT (and optionally its averagers) as threads of the process that creates them.
 
 hivemind runs ``DHT`` and every ``DecentralizedAverager`` (the Optimizer's gradient and state
 averagers) as forked processes that talk to their creator through pipes and ``MPFuture``. Each
-fork costs 15-52 MiB of private memory (pages of the parent's heap it touches; ``bench/overhead.py``:
-DHT 52, averagers 15 and 39 MiB USS), so a peer's tree was 1.7x the bare torch loop. Their event
-loops need little CPU and wait on sockets, so threads serve as well. ``install()`` changes:
+fork costs private memory (pages of the parent's heap it touches; ``bench/overhead.py``: DHT 52,
+averagers 15 and 39 MiB USS). The DHT's loop needs little CPU and waits on sockets, so a thread
+serves as well: ``install("dht")``, the default. ``install("all")`` makes the averagers threads
+too (the worker's tree 1.43x the bare loop instead of 1.62x), but their all-reduces then wait on
+the training loop for the GIL: in the network lab, with overlap, rounds took 5-8 s instead of
+1.4-2.3 s (bench/README.md), so it stays a switch (``DEDLOC_HELPER_THREADS=all``; ``none`` is
+hivemind's processes). What a helper as a thread changes:
 
 - ``start`` runs the process body (``DHT.run``, ``DecentralizedAverager._run_internal``) in a daemon
   thread; ``is_alive``, ``join`` and ``terminate`` follow that thread (a thread cannot be killed:
@@ -36,17 +40,21 @@ logger = logging.getLogger(__name__)
 _installed = False
 
 
-def install() -> None:
-    """Apply the changes above (idempotent). Call before creating a DHT."""
+def install(which: str = "dht") -> None:
+    """Apply the changes above (idempotent) to ``which``: "dht", "all" (the averagers too) or
+    "none". Call before creating a DHT."""
     global _installed
-    if _installed:
+    if _installed or which == "none":
         return
+    if which not in ("dht", "all"):
+        raise ValueError(f"helper threads: {which!r} is not dht, all or none")
     _installed = True
     from hivemind.averaging.averager import DecentralizedAverager
     from hivemind.dht import dht as dht_module
 
     _as_thread(dht_module.DHT, "run", "dht")
-    _as_thread(DecentralizedAverager, "_run_internal", "averager")
+    if which == "all":
+        _as_thread(DecentralizedAverager, "_run_internal", "averager")
     dht_module.signal = _main_thread_signal()
     _patch_replicas(dht_module.DHT)
     _patch_futures()

@@ -5,11 +5,11 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
 1. ``traffic``: counts the bytes of every p2p message this peer sends and receives
    (``P2P.send_raw_data`` / ``P2P.receive_raw_data`` for streams, ``P2P._call_unary_protobuf_handler``
    and ``P2P._add_protobuf_unary_handler`` for unary calls). hivemind counts nothing. The counters
-   live in shared memory so forked averager and DHT processes would add to the same totals (they
-   are threads since patch 11).
-2. ``children die with us``: hivemind forks its DHT and averager processes (threads since patch
-   11) and starts ``p2pd`` (``p2p/p2p_daemon.py``, ``create_subprocess_exec``) without tying their
-   lifetime to ours; after a SIGKILL they linger forever. We set ``PR_SET_PDEATHSIG`` = SIGKILL in
+   live in shared memory so the forked averager processes add to the same totals (the DHT is a
+   thread since patch 11).
+2. ``children die with us``: hivemind forks its DHT and averager processes (the DHT is a thread
+   since patch 11) and starts ``p2pd`` (``p2p/p2p_daemon.py``, ``create_subprocess_exec``) without
+   tying their lifetime to ours; after a SIGKILL they linger forever. We set ``PR_SET_PDEATHSIG`` = SIGKILL in
    every forked child and in ``p2pd``, so a killed worker takes its whole tree with it.
 3. ``bandwidth caps``: hivemind cannot cap traffic (its ``bandwidth`` is a load-balancing hint).
    We pace ``P2P.send_protobuf`` (each message waits for its tokens, then is written whole, as
@@ -95,8 +95,9 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    group another peer meant for its real step, and left this peer's real round without one until
    the averaging timeout: in two peers' logs on loopback, most failed rounds and 30 s stalls began
    so. Now the state is set first, then the averager is told.
-11. ``helpers as threads``: the DHT and the averagers run as threads of this process instead of
-   forked processes (``dedloc_core.engine.helper_threads``, which says what that changes).
+11. ``the DHT as a thread``: the DHT runs as a thread of this process instead of a forked process
+   (the averagers too with ``DEDLOC_HELPER_THREADS=all``; ``dedloc_core.engine.helper_threads``
+   says what that changes and why the averagers stay processes).
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def install() -> None:
     _patch_step_cancel()
     from dedloc_core.engine import helper_threads
 
-    helper_threads.install()
+    helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "dht"))
 
 
 _alive: set = set()  # patch 6: tasks not done yet and MPFutures being awaited, in this process

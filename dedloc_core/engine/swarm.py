@@ -72,9 +72,9 @@ _libc = None
 def prepare_process() -> None:
     """Process-wide setup before any hivemind object is created.
 
-    hivemind's DHT and averagers run as threads of this process (``helper_threads``, installed with
-    the patches), so no tensor is shared with another process: torch's ``file_descriptor``
-    sharing strategy serves hivemind's ``share_memory_()`` calls without ``torch_shm_manager`` (a
+    hivemind's DHT runs as a thread of this process (``helper_threads``, installed with the
+    patches); its averagers are forked processes, which inherit the tensors they share with us.
+    torch's ``file_descriptor`` sharing strategy serves that without ``torch_shm_manager`` (a
     60-70 MiB process that the default ``file_system`` strategy starts) and leaves nothing in
     /dev/shm. Each shared tensor holds a file descriptor, so the soft limit on open files is raised
     to the hard one (at most 65536). Memory measured with ``bench/overhead.py``.
