@@ -14,7 +14,7 @@ Two phases on the same machine, one after the other, each with two processes of 
    that the window is pure gradient accumulation. The corpus is served over HTTP on loopback.
    Samples/s comes from the workers' cumulative ``stats`` events (sent right after a micro-batch,
    so their arrival times are step boundaries); memory is the PSS of one worker's whole process
-   tree (python, its forked DHT and averager processes, torch_shm_manager, p2pd); background CPU is
+   tree (python, its forked averager processes, p2pd: whatever the worker runs); background CPU is
    the CPU time, over the window, of every descendant plus the worker process's non-main threads,
    divided by the window's wall time.
 
