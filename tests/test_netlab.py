@@ -3,6 +3,7 @@ a public segment, volunteers behind masquerading home routers. Real workers, rea
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -107,11 +108,26 @@ def test_cut_link_recovers(netlab, tmp_path):
     rounds_before = home.rounds
     wait_until(peers, lambda: home.rounds > rounds_before and abs(home.step - pub.step) <= 1, 240,
                "the NATed volunteer did not contribute again after rejoining")
-    # the cut cost it its relay reservation, which p2pd never renews: the worker starts a fresh
-    # session (a new daemon) and is reachable through the relay again
-    wait_until(peers, lambda: "rejoining the swarm" in home.log_tail(10**7), 120, "the relay was never found gone")
-    wait_until(peers, lambda: home.progress[-1].reachability == "via relay" and "rejoining the swarm"
-               in home.log_tail(10**7), 180, "the volunteer did not get a relay reservation back")
+    # The cut usually costs it its relay reservation (p2pd drops the relay's connection and never
+    # renews it): the worker then starts a fresh session (a new daemon) and is reachable through
+    # the relay again. When the connection outlives the cut (the watchdog's "Back in touch" line
+    # counts the relay addresses: 1 once in CI), it keeps its reservation and stays via relay.
+    log = lambda: home.log_tail(10**7)  # noqa: E731
+    back = re.search(r"Back in touch with the swarm after \d+ s \(relay addresses: (-?\d+)\)", log())
+    assert back, "the watchdog never said it was back in touch"
+
+    def relay_kept() -> bool:  # the relay addresses the watchdog saw last
+        changes = re.findall(r"Relay addresses: -?\d+ -> (-?\d+)", log())
+        return int(changes[-1] if changes else back.group(1)) > 0
+
+    since = time.monotonic()  # a drop is acted on within its grace (20 s) and a watchdog period (5 s)
+    wait_until(peers, lambda: "rejoining the swarm" in log() or (time.monotonic() - since > 45 and relay_kept()),
+               165, "the relay was found gone, but the worker did not start a fresh session")
+    if "rejoining the swarm" in log():
+        wait_until(peers, lambda: home.progress[-1].reachability == "via relay", 180,
+                   "the volunteer did not get a relay reservation back")
+    else:
+        assert home.progress[-1].reachability == "via relay", home.describe()
     rounds_before = home.rounds
     wait_until(peers, lambda: home.rounds > rounds_before, 240, "the volunteer did not contribute after its restart")
 
