@@ -79,10 +79,12 @@ def prepare_process() -> None:
     /dev/shm. Each shared tensor holds a file descriptor, so the soft limit on open files is raised
     to the hard one (at most 65536). Memory measured with ``bench/overhead.py``.
 
-    Memory tuning from before, for processes that still fork (p2pd's spawn): the worker gives the
-    free pages of the C heap back to the OS (``malloc_trim``) after building the Optimizer and in
-    every forked child, and the objects alive are frozen out of the garbage collector before each
-    fork (``gc.freeze``, as the Python docs advise for fork without exec).
+    For the forked averagers: the worker after building the Optimizer, and every forked child, give
+    the free pages of the C heap back to the OS (``malloc_trim``, about 30 MB PSS of a peer's tree),
+    and before each fork the objects alive are frozen out of the garbage collector (``gc.freeze``,
+    as the Python docs advise for fork without exec): a full collection in the parent or a child
+    wrote to every inherited object and copied the whole shared heap, about 70 MB per process,
+    minutes into a run (``bench/chaos.py``).
     """
     global _process_prepared
     mp.set_start_method("fork", force=True)
@@ -101,7 +103,7 @@ def _share_by_file_descriptor() -> None:
     import torch.multiprocessing as torch_mp
 
     if "file_descriptor" not in torch_mp.get_all_sharing_strategies():
-        return  # Windows and macOS have file_system only (and no fork)
+        return  # Windows and macOS have file_system only
     torch_mp.set_sharing_strategy("file_descriptor")
     try:
         import resource
