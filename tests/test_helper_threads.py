@@ -1,6 +1,7 @@
-"""hivemind_patches patch 11 (helper_threads): the DHT is a thread of the process (and the averagers
-too with ``DEDLOC_HELPER_THREADS=all``), two peers still average, and a future settled through its
-copy on a pipe reaches its original. Each probe is a fresh process, with and without the patches."""
+"""hivemind_patches patch 11 (helper_threads), a switch: by default the DHT and the averagers stay
+forked processes; ``DEDLOC_HELPER_THREADS=dht`` makes the DHT a thread of the process, ``all`` the
+averagers too; two peers still average, and a future settled through its copy on a pipe reaches
+its original. Each probe is a fresh process, with and without the patches."""
 
 from __future__ import annotations
 
@@ -62,8 +63,10 @@ except Exception as exc:
 """
 
 
-def probe(script: str, mode: str, threads: str = "dht") -> str:
-    env = {**os.environ, "DEDLOC_HELPER_THREADS": threads}
+def probe(script: str, mode: str, threads: str | None = "dht") -> str:
+    env = {key: value for key, value in os.environ.items() if key != "DEDLOC_HELPER_THREADS"}
+    if threads is not None:
+        env["DEDLOC_HELPER_THREADS"] = threads
     out = subprocess.run([sys.executable, "-c", script, mode], cwd=ROOT, capture_output=True, text=True, timeout=180,
                          env=env)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -81,6 +84,12 @@ def test_with_all_the_averagers_are_threads_too_and_still_average():
     got = json.loads(probe(AVERAGE, "patched", threads="all"))
     assert got["helpers"] == [], got  # no forked DHT or averager process
     assert got["groups"] == [2, 2], got
+    assert got["averaged"] == [[2.0] * 8, [2.0] * 8], got
+
+
+def test_by_default_they_stay_forked_processes_with_the_patches():
+    got = json.loads(probe(AVERAGE, "patched", threads=None))
+    assert len(got["helpers"]) == 4, got  # two DHTs, two averagers: the switch is off by default
     assert got["averaged"] == [[2.0] * 8, [2.0] * 8], got
 
 

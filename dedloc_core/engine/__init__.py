@@ -6,11 +6,11 @@ The code is organized as follows:
 - ``channel``: the worker's channels with the app (events out, commands in); light.
 - ``training``: one training session (data, recipe, DHT, Optimizer, the loop, the watchdog).
 - ``swarm``: building a hivemind DHT and Optimizer for an experiment.
-- ``prefetch``: a newcomer's state download, begun in the DHT's thread while the Optimizer is built.
+- ``prefetch``: a newcomer's state download, begun in the DHT's event loop while the Optimizer is built.
 - ``pacing``: a sync-mode step long enough to hide a round (target batch, matchmaking time).
 - ``diloco``, ``delta_averaging``: low-communication training (DiLoCo) and its delta all-reduce.
 - ``hivemind_patches``: our named fixes and hooks on hivemind 1.1.12.
-- ``helper_threads``: hivemind's DHT (optionally its averagers) as threads of the worker, not processes.
+- ``helper_threads``: a switch (off by default) for hivemind's DHT and averagers as threads of the worker.
 - ``robust``: robust aggregation (NaN/inf parts dropped, centered clip) and bans of repeat offenders.
 - ``gate``: invite-only swarms: the DHT authorizer, the token registry, who ``admits`` a peer.
 - ``invited``: a volunteer's token for an invite-only experiment: redeem, renew at half life.

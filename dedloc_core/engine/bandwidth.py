@@ -1,5 +1,5 @@
 """Upload and download caps enforced on this peer's p2p traffic: two token buckets in shared
-memory, so the worker, its DHT thread and the averager processes that hivemind forks from it draw
+memory, so the worker and the DHT and averager processes that hivemind forks from it draw
 from the same budget. ``hivemind_patches`` (patch 3) makes
 every p2p stream read and write and every unary call ``await take_up(n)`` /
 ``await take_down(n)`` first. Reading slower lets the stream's buffers fill, so TCP (through

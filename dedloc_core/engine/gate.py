@@ -1,7 +1,7 @@
 """Invite-only swarms: who holds a valid token, checked by every peer (see ``dedloc_core.invites``).
 
 For an experiment with ``needs_token``, ``configure(run_id, invite_key)`` in the main process, before
-creating the DHT (a thread) and the averagers (forked processes inherit it), turns the checks on:
+creating the DHT and the averagers (the processes hivemind forks inherit it), turns the checks on:
 
 - the DHT: ``InviteAuthorizer`` (hivemind's ``TokenAuthorizerBase``, passed as ``authorizer=``) puts
   this peer's token in every DHT request and response, signed with its libp2p identity key, and

@@ -4,11 +4,15 @@ hivemind runs ``DHT`` and every ``DecentralizedAverager`` (the Optimizer's gradi
 averagers) as forked processes that talk to their creator through pipes and ``MPFuture``. Each
 fork costs private memory (pages of the parent's heap it touches; ``bench/overhead.py``: DHT 52,
 averagers 15 and 39 MiB USS). The DHT's loop needs little CPU and waits on sockets, so a thread
-serves as well: ``install("dht")``, the default. ``install("all")`` makes the averagers threads
-too (the worker's tree 1.43x the bare loop instead of 1.62x), but their all-reduces then wait on
+serves as well: ``install("dht")`` (the worker's tree 1.59x the bare loop instead of 1.70x).
+``install("all")`` makes the averagers threads too (1.43x), but their all-reduces then wait on
 the training loop for the GIL: in the network lab, with overlap, rounds took 5-8 s instead of
-1.4-2.3 s (bench/README.md), so it stays a switch (``DEDLOC_HELPER_THREADS=all``; ``none`` is
-hivemind's processes). What a helper as a thread changes:
+1.4-2.3 s (bench/README.md). Neither is the default (``DEDLOC_HELPER_THREADS`` is ``none``,
+hivemind's processes): with the DHT in the worker process, its work for the swarm after a pause
+counts in that process, and the pause through the app (``bench/app_pause.py``, the worker under
+5% of a core) took p50 2.6 s / p95 12.3 s, against 65 / 125 ms with the DHT as a process. A
+volunteer feels the pause; 0.1x of memory less does not pay for it. What a helper as a thread
+changes:
 
 - ``start`` runs the process body (``DHT.run``, ``DecentralizedAverager._run_internal``) in a daemon
   thread; ``is_alive``, ``join`` and ``terminate`` follow that thread (a thread cannot be killed:
@@ -40,7 +44,7 @@ logger = logging.getLogger(__name__)
 _installed = False
 
 
-def install(which: str = "dht") -> None:
+def install(which: str = "none") -> None:
     """Apply the changes above (idempotent) to ``which``: "dht", "all" (the averagers too) or
     "none". Call before creating a DHT."""
     global _installed

@@ -95,9 +95,9 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    group another peer meant for its real step, and left this peer's real round without one until
    the averaging timeout: in two peers' logs on loopback, most failed rounds and 30 s stalls began
    so. Now the state is set first, then the averager is told.
-11. ``the DHT as a thread``: the DHT runs as a thread of this process instead of a forked process
-   (the averagers too with ``DEDLOC_HELPER_THREADS=all``; ``dedloc_core.engine.helper_threads``
-   says what that changes and why the averagers stay processes).
+11. ``helper threads``, a switch, off by default: ``DEDLOC_HELPER_THREADS=dht`` runs the DHT as a
+   thread of this process instead of a forked process, ``all`` the averagers too
+   (``dedloc_core.engine.helper_threads`` says what that changes and why it is not the default).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def install() -> None:
     _patch_step_cancel()
     from dedloc_core.engine import helper_threads
 
-    helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "dht"))
+    helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "none"))
 
 
 _alive: set = set()  # patch 6: tasks not done yet and MPFutures being awaited, in this process

@@ -2,7 +2,7 @@
 
 hivemind downloads a running swarm's state only once its Optimizer exists, and building that takes
 seconds of CPU (torch._dynamo's import on the first torch.optim constructor, forking two
-averagers). ``start()`` runs the download in the DHT's event loop (its thread) meanwhile, the way hivemind's
+averagers). ``start()`` runs the download in the DHT's event loop meanwhile, the way hivemind's
 averager does it (``DecentralizedAverager._load_state_from_peers``: the peers that declared their
 state, highest step first, ``rpc_download_state``; that loop runs in the averager, which does not
 exist yet, so it is written again here); our ``TrainingStateAverager`` hands the result to

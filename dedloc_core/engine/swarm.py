@@ -72,8 +72,8 @@ _libc = None
 def prepare_process() -> None:
     """Process-wide setup before any hivemind object is created.
 
-    hivemind's DHT runs as a thread of this process (``helper_threads``, installed with the
-    patches); its averagers are forked processes, which inherit the tensors they share with us.
+    hivemind's DHT and averagers are forked processes (``helper_threads`` can make them threads;
+    off by default), which inherit the tensors they share with us.
     torch's ``file_descriptor`` sharing strategy serves that without ``torch_shm_manager`` (a
     60-70 MiB process that the default ``file_system`` strategy starts) and leaves nothing in
     /dev/shm. Each shared tensor holds a file descriptor, so the soft limit on open files is raised
@@ -172,7 +172,7 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
         opts["authorizer"] = cfg.authorizer
     opts.update(extra)
     dht = hivemind.DHT(start=True, await_ready=False, **opts)
-    _warm_up_optim()  # while the DHT's thread starts p2pd and meets the swarm
+    _warm_up_optim()  # while the DHT starts p2pd and meets the swarm
     dht.wait_until_ready()
     return dht
 
