@@ -130,7 +130,7 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
     samples = end["samples"] - base["samples"]
     wall = end["time"] - base["time"]
     cpu = {k: sum(e[k] - b[k] for b, e in zip(base["cpu"], end["cpu"], strict=True)) / len(peers) / wall
-           for k in ("worker", "loop", "helpers", "p2pd")}
+           for k in ("worker", "loop", "rest", "p2pd")}
     rounds = end["rounds"] - base["rounds"]
     return {"swarm": samples / wall, "step": wall / max(last - first, 1),
             "round": (end["avg_s"] - base["avg_s"]) / rounds if rounds else float("nan"),
@@ -154,10 +154,10 @@ def snapshot(lab: Lab, peers: list[Peer], backbone) -> dict:
 
 def cpu_by_kind(peer: Peer) -> dict[str, float]:
     """CPU seconds so far in a volunteer's CPU group: "worker", its Python processes (the worker, and
-    hivemind's DHT and averagers when they were forked processes; threads of the worker since
-    ``helper_threads``), of which "loop" is the worker's main thread (the training loop) and
-    "helpers" the rest; and "p2pd"."""
-    out = {"worker": 0.0, "loop": 0.0, "helpers": 0.0, "p2pd": 0.0}
+    hivemind's DHT and averagers: forked processes, or threads of the worker with
+    ``DEDLOC_HELPER_THREADS``), of which "loop" is the worker's main thread (the training loop) and
+    "rest" everything else; and "p2pd"."""
+    out = {"worker": 0.0, "loop": 0.0, "rest": 0.0, "p2pd": 0.0}
     for pid in (peer.host.cgroup / "cgroup.procs").read_text().split():
         try:
             proc = psutil.Process(int(pid))
@@ -173,7 +173,7 @@ def cpu_by_kind(peer: Peer) -> dict[str, float]:
             continue
         out["worker"] += used
         out["loop"] += loop
-        out["helpers"] += used - loop
+        out["rest"] += used - loop
     return out
 
 
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             ("  of which to backbone", lambda r: f"{r['bb_bps']:.0f}"),
             ("cores: worker", lambda r: f"{r['cpu']['worker']:.3f}"),
             ("  of which the loop", lambda r: f"{r['cpu']['loop']:.3f}"),
-            ("  of which the rest", lambda r: f"{r['cpu']['helpers']:.3f}"),
+            ("  of which the rest", lambda r: f"{r['cpu']['rest']:.3f}"),
             ("cores: p2pd", lambda r: f"{r['cpu']['p2pd']:.3f}"),
             ("loop in step/batch", lambda r: f"{r['busy']:.2f}"),
             (f"loss @ {common} samples", lambda r: f"{loss_at(r['history'], common):.4f}"),

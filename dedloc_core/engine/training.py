@@ -528,8 +528,9 @@ class Watchdog:
 def kill_children(timeout: float = 3.0) -> None:
     """Terminate, then kill, every process this one started (hivemind's helpers and p2pd).
 
-    Spares ``torch_shm_manager``: it exits by itself once its last client is gone, and it is what
-    unlinks our shared-memory tensors then. Killed while we still run, it left those segments in
+    Spares ``torch_shm_manager`` (torch's ``file_system`` sharing strategy, where file descriptors
+    are not offered: ``swarm.prepare_process``): it exits by itself once its last client is gone,
+    and it is what unlinks our shared-memory tensors then. Killed while we still run, it left those segments in
     /dev/shm, and our own exit aborted (SIGABRT, libshm "Broken pipe" while freeing a tensor)."""
     children = [c for c in psutil.Process().children(recursive=True) if not _is_shm_manager(c)]
     for child in children:
