@@ -45,6 +45,23 @@ def _wait(check, seconds: float, what: str):
 
 
 @pytest.mark.timeout(300)
+def _close(window: psutil.Process, wid: str, env: dict) -> None:
+    """alt+F4 on the window, as a user would; pressed again if the window is still there after 15 s
+    (once in a full run the key was lost: the window stayed open and its process never ended)."""
+    for _ in range(3):
+        subprocess.run(["xdotool", "windowactivate", "--sync", wid, "key", "alt+F4"], env=env, timeout=10)
+        try:
+            window.wait(15)
+            return
+        except psutil.TimeoutExpired:
+            still_open = wid in _visible(env)
+            print(f"the window process still runs 15 s after alt+F4 (window still shown: {still_open})")
+            if not still_open:  # closed, and its process is still ending: no key helps
+                window.wait(30)
+                return
+    raise AssertionError("the window did not close after alt+F4, three times")
+
+
 def test_the_tray_does_not_grow_when_the_window_opens_on_every_page_and_closes(tmp_path):
     need("Xvfb", "xdpyinfo", "openbox", "trayer", "xdotool")
     home = tmp_path / "home"
@@ -69,9 +86,7 @@ def test_the_tray_does_not_grow_when_the_window_opens_on_every_page_and_closes(t
                 time.sleep(1)
             window = _windows(tray)
             assert len(window) == 1, "one window process for all the pages"
-            wid = _visible(env)[0]
-            subprocess.run(["xdotool", "windowactivate", "--sync", wid, "key", "alt+F4"], env=env, timeout=10)
-            window[0].wait(30)  # closing the window ends its process
+            _close(window[0], _visible(env)[0], env)  # closing the window ends its process
             time.sleep(3)
             assert app.poll() is None, "closing the window quit the app"
             rss = tray.memory_info().rss / 2**20
