@@ -300,7 +300,7 @@ class StatelessGradientAverager(GradientAverager):
     local accumulators, which hivemind allocates just before forking the averager's process) are
     put in shared memory before the fork: as private pages, each write by the worker left the
     averager's process an old copy of its own (``bench/overhead.py``: 39 MiB of private memory in
-    that process, 13 MiB after)."""
+    that process, 14 MiB after)."""
 
     def __init__(self, parameters, *args, start: bool = False, **kwargs):
         parameters = tuple(parameters)
