@@ -17,6 +17,9 @@ Steps, in one run:
    no declared bandwidth). "ours": overlap (delayed gradient averaging and optimizer step), fp16
    gradients, DeDLOC load balancing with each volunteer's declared bandwidth.
 
+``--lone`` runs one volunteer alone instead (no averaging) and prints its worker's samples/s
+against the bare loop's in the same CPU group: the worker's own cost per sample.
+
 Rows, over the window between the first and the last global step:
 - swarm samples/s: the samples all volunteers computed (their ``stats`` events) / wall time;
 - solo samples/s: the sum of the volunteers' solo rates (step 1, alone);
@@ -24,6 +27,9 @@ Rows, over the window between the first and the last global step:
 - step s: wall time per global step; round s: mean time per averaging round (``averaging_seconds``
   / ``rounds``; includes matchmaking; with overlap it runs beside training);
 - bytes/sample: bytes sent on the volunteers' own interfaces (headers included) / samples;
+- loop efficiency: samples per CPU second of the training loop (``of which the loop``) against the
+  solo loop's samples per CPU second of its quota; utilization = this x the loop's share of the
+  quota (``of which the loop`` / ``--cpu``);
 - loss @ N samples: the volunteers' mean training loss (EMA) when the swarm had computed N samples
   in all (N: the smaller of the two modes' totals, so both columns are read at the same N);
 - failed msgs: "Averaging step failed" messages in the volunteers' logs over the whole run.
@@ -140,6 +146,27 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
             "busy": (end["compute"] - base["compute"]) / len(peers) / wall}
 
 
+def measure_lone(args, seconds: float = 30.0) -> tuple[float, float]:
+    """``--lone``: one volunteer (and the backbone) in the lab, no other peer, so no averaging: its
+    worker's samples/s over ``seconds`` of training, against the bare loop's in the same CPU group
+    just before. What the worker costs per sample before any round does."""
+    exp = experiment("lone", 10**7, 1.0, True, STATE_EVERY)
+    with Lab() as lab, tempfile.TemporaryDirectory(prefix="netbench-") as folder:
+        host = lab.public("v0", cpu=args.cpu)
+        solo = solo_rates(lab, [host], exp, args.solo_seconds)[0]
+        backbone = Backbone(lab, lab.public("bb", cpu=args.cpu), exp, Path(folder))
+        peer = Peer(lab, host, Path(folder) / "v0").start(exp, backbone.wait_ready(), seed=1,
+                                                          grad_compression="fp16", bandwidth=100.0)
+        wait_until([peer], lambda: peer.stats is not None and peer.stats.samples >= 40 * MICRO_BATCH[0], 120,
+                   "the lone volunteer did not train")
+        began, first = time.monotonic(), peer.stats.samples
+        time.sleep(seconds)
+        peer.drain()
+        rate = (peer.stats.samples - first) / (time.monotonic() - began)
+        peer.stop()
+    return solo, rate
+
+
 def snapshot(lab: Lab, peers: list[Peer], backbone) -> dict:
     for p in peers:
         p.drain()
@@ -199,8 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--follow-every", type=float, default=30.0, help="the backbone's --follow-every")
     parser.add_argument("--micro-batch", type=int, default=8, help="samples per micro-batch (solo and swarm)")
     parser.add_argument("--keep", default="", help="copy the nodes' logs here")
+    parser.add_argument("--lone", action="store_true", help="only a lone volunteer's worker against its solo loop")
     args = parser.parse_args(argv)
     MICRO_BATCH[0] = args.micro_batch
+    if args.lone:
+        solo, rate = measure_lone(args)
+        print(f"micro-batch {args.micro_batch}, cpu quota {args.cpu}: solo loop {solo:.1f} samples/s, lone worker "
+              f"{rate:.1f} samples/s\nlone worker / solo: {rate / solo:.2f}")
+        return 0
 
     solo = measure_solo(args)
     solo_sum = sum(solo["alone"])
@@ -239,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             ("  of which the rest", lambda r: f"{r['cpu']['rest']:.3f}"),
             ("cores: p2pd", lambda r: f"{r['cpu']['p2pd']:.3f}"),
             ("loop in step/batch", lambda r: f"{r['busy']:.2f}"),
+            ("loop efficiency", lambda r: f"{r['swarm'] * args.cpu / (r['cpu']['loop'] * solo_sum):.2f}"),
             (f"loss @ {common} samples", lambda r: f"{loss_at(r['history'], common):.4f}"),
             ("failed msgs", lambda r: str(r["failed"]))]
     print(f"{'':24}" + "".join(f"{n:>20}" for n in results))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import start_command
@@ -142,13 +147,17 @@ def test_a_pause_that_lands_in_an_averaging_round_is_reported_at_once(spawn_work
     assert first.stats.samples <= held + 5 * 8, (held, first.stats.samples)
 
 
-FORK_COW = """
+ROOT = Path(__file__).resolve().parents[1]
+
+PRIVATE_DIRTY = """
+def private_dirty_mb(pid="self"):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("Private_Dirty:")) / 1024
+"""
+
+FORK_COW = PRIVATE_DIRTY + """
 import gc, multiprocessing as mp, sys
 from dedloc_core.engine import swarm
-
-def private_dirty_mb():
-    with open("/proc/self/smaps_rollup") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("Private_Dirty:")) / 1024
 
 def child(queue):
     before = private_dirty_mb()
@@ -165,24 +174,17 @@ proc.join()
 """
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "register_at_fork"), reason="needs os.register_at_fork")
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="needs os.register_at_fork")
 def test_a_forked_child_collecting_garbage_does_not_copy_the_inherited_heap():
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", FORK_COW], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     copied = float(out.stdout.split()[-1])
     assert copied < 10, f"the child's collection copied {copied:.0f} MB of the parent's heap"
 
 
-GRAD_COPIES = """
-import json, psutil, torch, hivemind
+GRAD_COPIES = PRIVATE_DIRTY + """
+import json, torch, hivemind
 from dedloc_core.engine import swarm
-
-def private_mb(proc):
-    with open(f"/proc/{proc.pid}/smaps_rollup") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("Private_Dirty:")) / 1024
 
 class Recipe:
     build_scheduler = None
@@ -197,13 +199,12 @@ cfg = swarm.SwarmConfig(run_id="grad_copies", target_batch_size=10**9, batch_siz
                         overlap=True)
 dht = swarm.start_dht(cfg)
 opt = swarm.build_optimizer(dht, cfg, model, Recipe)
-grad_averager = psutil.Process(opt.grad_averager.pid)
-before = private_mb(grad_averager)
+before = private_dirty_mb(opt.grad_averager.pid)
 for _ in range(5):  # micro-batches: the worker rewrites its gradients and accumulators
     model(torch.randn(4, 2000)).square().mean().backward()
     opt.step()
     opt.zero_grad()
-grown = private_mb(grad_averager) - before
+grown = private_dirty_mb(opt.grad_averager.pid) - before
 shared = all(p.grad is not None and p.grad.is_shared() for p in model.parameters())
 opt.shutdown()
 dht.shutdown()
@@ -215,12 +216,7 @@ def test_the_gradient_averager_keeps_no_copy_of_the_gradients_the_worker_rewrite
     """The parameters' gradients and hivemind's accumulators exist before the gradient averager's
     process forks; as private pages, every micro-batch of the worker left that process an old copy
     (32 MB here). In shared memory they stay one copy, and zero_grad keeps them there."""
-    import json
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", GRAD_COPIES], capture_output=True, text=True, timeout=180,
-                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-c", GRAD_COPIES], capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["grown"] < 8, f"the gradient averager's process gained {got['grown']:.0f} MB of private memory"
