@@ -221,3 +221,60 @@ def test_the_gradient_averager_keeps_no_copy_of_the_gradients_the_worker_rewrite
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["grown"] < 8, f"the gradient averager's process gained {got['grown']:.0f} MB of private memory"
     assert got["shared"], got
+
+
+ROUND_TIMING = """
+import dataclasses, json, math, torch
+from hivemind.utils import get_dht_time
+from dedloc_core.engine import swarm
+
+class Recipe:
+    build_scheduler = None
+    @staticmethod
+    def build_optimizer(params):
+        return torch.optim.SGD(params, lr=0.01)
+
+swarm.prepare_process()
+model = torch.nn.Linear(8, 8)
+cfg = swarm.SwarmConfig(run_id="round_timing", target_batch_size=10**9, batch_size_per_step=4,
+                        overlap=True, matchmaking_time=1.0, averaging_timeout=7.0)
+dht = swarm.start_dht(cfg)
+opt = swarm.build_optimizer(dht, cfg, model, Recipe)
+began = get_dht_time()
+unscheduled = opt.grad_averager.schedule_step()  # what hivemind does at a step's end with no group scheduled
+deadline_in = unscheduled.deadline - began
+unscheduled.cancel()
+
+running = opt.grad_averager.schedule_step(timeout=30.0)
+running.allow_allreduce()  # the last step's round, triggered and still looking for a group
+opt.scheduled_grads = running
+progress = opt.tracker.global_progress
+opt.tracker.global_progress = dataclasses.replace(progress, eta_next_epoch=get_dht_time())  # the step ends now
+opt._maybe_schedule_gradient_averaging()
+kept_while_running = opt.scheduled_grads is running
+running.cancel()
+opt.scheduled_grads = None
+opt.tracker.global_progress = dataclasses.replace(progress, eta_next_epoch=get_dht_time())
+opt._maybe_schedule_gradient_averaging()
+scheduled, opt.scheduled_grads = opt.scheduled_grads, None  # shutdown would cancel it a second time
+scheduled_after = scheduled is not None
+if scheduled_after:
+    scheduled.cancel()
+opt.shutdown()
+dht.shutdown()
+print(json.dumps(dict(deadline_in=deadline_in if math.isfinite(deadline_in) else None,
+                      kept_while_running=kept_while_running, scheduled_after=scheduled_after)))
+"""
+
+
+def test_gradient_rounds_have_a_deadline_and_none_is_scheduled_while_the_last_one_runs():
+    """A round begun at a step's end without a pre-scheduled group ends within the averaging timeout
+    (hivemind gives it none: it retried until a group formed, holding the next rounds back), and no
+    round is scheduled while the last step's round still runs (it grouped with peers that then sent
+    their parts to this one before it could take them)."""
+    out = subprocess.run([sys.executable, "-c", ROUND_TIMING], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["deadline_in"] is not None and 6.0 < got["deadline_in"] <= 7.5, got
+    assert got["kept_while_running"], got
+    assert got["scheduled_after"], got

@@ -300,7 +300,14 @@ class StatelessGradientAverager(GradientAverager):
     local accumulators, which hivemind allocates just before forking the averager's process) are
     put in shared memory before the fork: as private pages, each write by the worker left the
     averager's process an old copy of its own (``bench/overhead.py``: 39 MiB of private memory in
-    that process, 14 MiB after)."""
+    that process, 14 MiB after).
+
+    A round begun without a pre-scheduled group (hivemind.Optimizer passes no timeout then) gets
+    ``timeout`` (the optimizer's averaging timeout) instead of none: without a deadline it retried
+    matchmaking until some group formed, long after the optimizer had gone on with local gradients,
+    and held the averager's matchmaking from the next steps' rounds meanwhile."""
+
+    timeout: float | None = None  # set by RoundCountingOptimizer
 
     def __init__(self, parameters, *args, start: bool = False, **kwargs):
         parameters = tuple(parameters)
@@ -317,6 +324,11 @@ class StatelessGradientAverager(GradientAverager):
 
     def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
         return None
+
+    def schedule_step(self, scheduled_time=None, **kwargs):
+        if kwargs.get("timeout") is None and self.timeout is not None:  # hivemind: deadline > scheduled time
+            kwargs["timeout"] = max(self.timeout, 2 * self.matchmaking_kwargs["min_matchmaking_time"])
+        return super().schedule_step(scheduled_time, **kwargs)
 
 
 class _PacedEvent(threading.Event):
@@ -391,6 +403,23 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     averaging_seconds = 0.0
     _fresh_load = False  # a state was just loaded: the swarm may have stepped meanwhile
     _local_grads: list[torch.Tensor] | None = None  # this step's local gradients, while its round runs
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if isinstance(getattr(self, "grad_averager", None), StatelessGradientAverager):
+            self.grad_averager.timeout = self.averaging_timeout
+
+    def _maybe_schedule_gradient_averaging(self) -> None:
+        """hivemind schedules the next step's round as soon as the last one was triggered; with
+        delayed averaging the last one may still run. A round scheduled then found its group at once
+        among peers already ending this step, who then sent their parts to a peer that could not take
+        them yet (BAD_GROUP_ID: it registers a group only when its own step ends, after the last
+        round), and the round failed for all of them (seen in ``bench/swarm_netlab.py``'s logs). So
+        no new round while the last one runs; the step's end begins one if none was scheduled."""
+        last = self.scheduled_grads
+        if last is not None and last.triggered and not last.done():
+            return
+        super()._maybe_schedule_gradient_averaging()
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
         if self.delay_grad_averaging:
