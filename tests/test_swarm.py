@@ -182,15 +182,19 @@ def test_a_forked_child_collecting_garbage_does_not_copy_the_inherited_heap():
     assert copied < 10, f"the child's collection copied {copied:.0f} MB of the parent's heap"
 
 
-GRAD_COPIES = PRIVATE_DIRTY + """
-import json, torch, hivemind
-from dedloc_core.engine import swarm
+SGD_RECIPE = """
+import torch
 
-class Recipe:
+class Recipe:  # what build_optimizer needs of a recipe
     build_scheduler = None
     @staticmethod
     def build_optimizer(params):
         return torch.optim.SGD(params, lr=0.01)
+"""
+
+GRAD_COPIES = PRIVATE_DIRTY + SGD_RECIPE + """
+import json, torch, hivemind
+from dedloc_core.engine import swarm
 
 swarm.prepare_process()
 torch.set_num_threads(1)
@@ -223,16 +227,10 @@ def test_the_gradient_averager_keeps_no_copy_of_the_gradients_the_worker_rewrite
     assert got["shared"], got
 
 
-ROUND_TIMING = """
+ROUND_TIMING = SGD_RECIPE + """
 import dataclasses, json, math, torch
 from hivemind.utils import get_dht_time
 from dedloc_core.engine import swarm
-
-class Recipe:
-    build_scheduler = None
-    @staticmethod
-    def build_optimizer(params):
-        return torch.optim.SGD(params, lr=0.01)
 
 swarm.prepare_process()
 model = torch.nn.Linear(8, 8)
