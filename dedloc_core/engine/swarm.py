@@ -415,13 +415,18 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         among peers already ending this step, who then sent their parts to a peer that could not take
         them yet (BAD_GROUP_ID: it registers a group only when its own step ends, after the last
         round), and the round failed for all of them (seen in ``bench/swarm_netlab.py``'s logs). So
-        no new round while the last one runs; the step's end begins one if none was scheduled."""
+        no new round while the last one runs; the step's end begins one (``_begin_averaging_gradients``)."""
         last = self.scheduled_grads
         if last is not None and last.triggered and not last.done():
             return
         super()._maybe_schedule_gradient_averaging()
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
+        last = self.scheduled_grads
+        if last is not None and (last.triggered or last.done()):
+            # the last step's round, which ran on until this step's end (so none was scheduled):
+            # hivemind would drop it and begin no round for this step at all
+            self.scheduled_grads = None
         if self.delay_grad_averaging:
             ga = self.grad_averager
             scale = 1.0 / ga.local_times_accumulated if ga.local_times_accumulated else 0.0
