@@ -422,8 +422,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         super()._maybe_schedule_gradient_averaging()
 
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
-        last = self.scheduled_grads
-        if last is not None and (last.triggered or last.done()):
+        if self.scheduled_grads is not None and self.scheduled_grads.triggered:
             # the last step's round, which ran on until this step's end (so none was scheduled):
             # hivemind would drop it and begin no round for this step at all
             self.scheduled_grads = None
