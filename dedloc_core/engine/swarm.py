@@ -250,7 +250,8 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
         client_mode=dht.client_mode,
         grad_compression=_compression(cfg.grad_compression),
         state_averaging_compression=Float16Compression(),
-        grad_averager_factory=partial(StatelessGradientAverager, request_timeout=1.0, **grad_opts),
+        grad_averager_factory=partial(StatelessGradientAverager, request_timeout=1.0,
+                                      round_timeout=cfg.averaging_timeout, **grad_opts),
         averager_opts=averager_opts,
         **overlap_options(cfg),
         tracker_opts=dict(
@@ -303,13 +304,12 @@ class StatelessGradientAverager(GradientAverager):
     that process, 14 MiB after).
 
     A round begun without a pre-scheduled group (hivemind.Optimizer passes no timeout then) gets
-    ``timeout`` (the optimizer's averaging timeout) instead of none: without a deadline it retried
+    ``round_timeout`` (the optimizer's averaging timeout) instead of none: without a deadline it retried
     matchmaking until some group formed, long after the optimizer had gone on with local gradients,
     and held the averager's matchmaking from the next steps' rounds meanwhile."""
 
-    timeout: float | None = None  # set by RoundCountingOptimizer
-
-    def __init__(self, parameters, *args, start: bool = False, **kwargs):
+    def __init__(self, parameters, *args, start: bool = False, round_timeout: float | None = None, **kwargs):
+        self.round_timeout = round_timeout
         parameters = tuple(parameters)
         with torch.no_grad():
             for param in parameters:
@@ -326,8 +326,8 @@ class StatelessGradientAverager(GradientAverager):
         return None
 
     def schedule_step(self, scheduled_time=None, **kwargs):
-        if kwargs.get("timeout") is None and self.timeout is not None:  # hivemind: deadline > scheduled time
-            kwargs["timeout"] = max(self.timeout, 2 * self.matchmaking_kwargs["min_matchmaking_time"])
+        if kwargs.get("timeout") is None and self.round_timeout is not None:  # hivemind: deadline > scheduled time
+            kwargs["timeout"] = max(self.round_timeout, 2 * self.matchmaking_kwargs["min_matchmaking_time"])
         return super().schedule_step(scheduled_time, **kwargs)
 
 
@@ -403,11 +403,6 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     averaging_seconds = 0.0
     _fresh_load = False  # a state was just loaded: the swarm may have stepped meanwhile
     _local_grads: list[torch.Tensor] | None = None  # this step's local gradients, while its round runs
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if isinstance(getattr(self, "grad_averager", None), StatelessGradientAverager):
-            self.grad_averager.timeout = self.averaging_timeout
 
     def _maybe_schedule_gradient_averaging(self) -> None:
         """hivemind schedules the next step's round as soon as the last one was triggered; with
