@@ -10,6 +10,7 @@ The code is organized as follows:
 - ``pacing``: a sync-mode step long enough to hide a round (target batch, matchmaking time).
 - ``diloco``, ``delta_averaging``: low-communication training (DiLoCo) and its delta all-reduce.
 - ``hivemind_patches``: our named fixes and hooks on hivemind 1.1.12.
+- ``load_balancing``: hivemind's all-reduce load balancing without scipy (registered here).
 - ``helper_threads``: a switch (off by default) for hivemind's DHT and averagers as threads of the worker.
 - ``robust``: robust aggregation (NaN/inf parts dropped, centered clip) and bans of repeat offenders.
 - ``gate``: invite-only swarms: the DHT authorizer, the token registry, who ``admits`` a peer.
@@ -29,3 +30,7 @@ that runs it: ``dedloc_core.cli`` (``dedloc worker``, ``--self-test``) and
 ``dedloc_core.organizer.backbone`` (its ``keeper``). ``tests/test_layout.py`` holds that line.
 Importing this package, ``worker`` or ``channel`` loads no torch: the worker says hello first.
 """
+
+from dedloc_core.engine import load_balancing as _load_balancing
+
+_load_balancing.register()  # before anything imports hivemind: keeps scipy out of the worker
