@@ -39,6 +39,9 @@ class SwarmConfig:
     host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
     announce_maddrs: list[str] = field(default_factory=list)
     identity_path: str | None = None
+    # created by this session: no other peer can hold it, so hivemind's check that it is free (a second
+    # p2pd that asks the swarm for this peer id, seconds on a slow link) is skipped
+    identity_is_new: bool = False
     client_mode: bool = False
     matchmaking_time: float = 3.0
     averaging_timeout: float = 30.0
@@ -170,6 +173,8 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
                 client_mode=cfg.client_mode)
     if cfg.authorizer is not None:
         opts["authorizer"] = cfg.authorizer
+    if cfg.identity_is_new:
+        opts["check_if_identity_free"] = False
     opts.update(extra)
     dht = hivemind.DHT(start=True, await_ready=False, **opts)
     _warm_up_optim()  # while the DHT starts p2pd and meets the swarm

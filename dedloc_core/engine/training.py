@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -86,6 +87,7 @@ class Session:
 
         self._hold_while_paused("preparing", f"Preparing {exp.title}")  # paused while starting: join later
         self._state("joining", f"Joining the swarm of {exp.title}")
+        identity_path = self.start.identity_path or str(paths.data_dir() / "identity.key")  # stable peer id
         cfg = swarm.SwarmConfig(
             run_id=exp.run_id,
             target_batch_size=exp.target_batch_size,
@@ -93,7 +95,8 @@ class Session:
             initial_peers=self.start.initial_peers if self.start.initial_peers is not None else exp.initial_peers,
             host_maddrs=self.start.host_maddrs,
             announce_maddrs=self.start.announce_maddrs,
-            identity_path=self.start.identity_path or str(paths.data_dir() / "identity.key"),  # stable peer id
+            identity_path=identity_path,
+            identity_is_new=not os.path.isfile(identity_path),
             client_mode=self.start.client_mode,
             matchmaking_time=exp.matchmaking_time,
             averaging_timeout=exp.averaging_timeout,
