@@ -4,8 +4,10 @@ hivemind splits the averaged vector between the peers of a group by solving a sm
 with ``scipy.optimize.linprog``; importing ``scipy.optimize`` costs a worker about 36 MiB that the
 bare torch loop does not pay (``bench/overhead.py``). The program has a closed-form solution, so
 ``register()`` puts this module in hivemind's place before hivemind is imported (the engine
-package does it). Same names and results as hivemind's module where its program has one solution;
-where it has many (a slow peer bounds the round whatever the split), an optimal one as well.
+package does it). hivemind calls only ``load_balance_peers`` (its averagers); it gives hivemind's
+results where the program has one solution, and where it has many (a slow peer bounds the round
+whatever the split) an optimal one as well. ``hagenbach_bishoff`` is hivemind's, copied: importing
+hivemind's module would import scipy.
 
 The program (hivemind's docstring): peer i with bandwidth b_i and fraction w_i of the vector sends
 and receives ``1 + (n - 2) * w_i`` vectors, so the round takes ``max_i (1 + (n - 2) w_i) / b_i``;
