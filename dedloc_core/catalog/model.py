@@ -236,7 +236,7 @@ class Experiment(_Model, kw_only=True):
     overlap: bool = True
     # sync mode: global steps between parameter averaging rounds (gradients are averaged every step;
     # this bounds the drift that lossy gradients and failed rounds leave between peers). hivemind's
-    # 1 sends the fp32 parameters every step besides the gradients: a newcomer on a 20 Mbit/s link
+    # 1 sends the parameters (fp16) every step besides the gradients: a newcomer on a 20 Mbit/s link
     # then kept the whole swarm's rounds failing for 20-30 s (bench/join_time.py, bench/README.md)
     average_state_every: Annotated[int, Meta(ge=1, le=1000)] = 4
     diloco: DilocoParams = DilocoParams()
