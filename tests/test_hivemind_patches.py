@@ -192,13 +192,17 @@ trigger.add_done_callback(lambda _: seen.append(step.cancelled()))
 cancel.add_done_callback(lambda _: seen.append(step.cancelled()))
 step.cancel()
 print(*seen, step.cancelled(), step.triggered)
+try:  # shutdown paths cancel a step that a round already cancelled
+    step.cancel()
+except Exception as exc:
+    print("second cancel:", type(exc).__name__)
 """
 
 
 def test_a_cancelled_step_reads_cancelled_when_the_averager_hears_of_it():
-    assert run_probe(CANCEL, "patched") == "True True True True"
+    assert run_probe(CANCEL, "patched") == "True True True True"  # and a second cancel raises nothing
 
 
 def test_without_the_patch_the_averager_hears_of_the_cancel_before_the_step_reads_cancelled():
     # the averager then went on to an all-reduce: the cancelled trigger counts as "triggered"
-    assert run_probe(CANCEL, "plain") == "False False True True"
+    assert run_probe(CANCEL, "plain") == "False False True True\nsecond cancel: InvalidStateError"

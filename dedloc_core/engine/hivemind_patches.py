@@ -94,7 +94,8 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    round held the averager's matchmaking ("Another look_for_group is already in progress"), took the
    group another peer meant for its real step, and left this peer's real round without one until
    the averaging timeout: in two peers' logs on loopback, most failed rounds and 30 s stalls began
-   so. Now the state is set first, then the averager is told.
+   so. Now the state is set first, then the averager is told; a second cancel does nothing (hivemind's
+   raised ``InvalidStateError`` setting the cancel future again, e.g. in ``Optimizer.shutdown``).
 11. ``helper threads``, a switch, off by default: ``DEDLOC_HELPER_THREADS=dht`` runs the DHT as a
    thread of this process instead of a forked process, ``all`` the averagers too
    (``dedloc_core.engine.helper_threads`` says what that changes and why it is not the default).
@@ -664,7 +665,7 @@ def _patch_step_cancel() -> None:
         cancelled = MPFuture.cancel(self)  # the shared state, read by the averager when it hears below
         if self._trigger is not None:
             self._trigger.cancel()
-        if self._cancel is not None:
+        if self._cancel is not None and not self._cancel.done():  # a second cancel is a no-op, as for a future
             self._cancel.set_result(None)
         return cancelled
 
