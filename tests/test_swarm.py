@@ -106,6 +106,9 @@ def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, 
     loaded = re.search(r"Loaded the swarm's state in .*", log)
     assert loaded and "downloaded while joining" in loaded.group(0), loaded.group(0) if loaded else log[-3000:]
     assert log.index("Downloaded the swarm's state (step") < log.index("Ready to train"), log[-3000:]
+    # the parameters came in fp16 (swarm.load_state_compression), the optimizer's statistics in fp32
+    wire, size = map(float, re.search(r"([\d.]+) MB of tensors ([\d.]+) MB in memory", log).groups())
+    assert 0 < wire < 0.9 * size, (wire, size)
     # With overlap (the catalog's default) a step's update lands one step late, and the state the
     # newcomer downloads may already hold the update its epoch label does not count yet; hivemind
     # labels a downloaded state with the epoch it was taken at: a label can trail the parameters by

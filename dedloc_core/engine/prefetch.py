@@ -62,8 +62,9 @@ async def _download(_dht, node, run_id: str, timeout: float):
         try:
             stub = state_averager.TrainingStateAverager.get_stub(node.p2p, peer, namespace=prefix)
             stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
-            metadata, tensors, parts = None, [], []
+            metadata, tensors, parts, wire = None, [], [], 0
             async for message in aiter_with_timeout(stream, timeout=timeout):
+                wire += len(message.tensor_part.buffer)
                 if message.metadata:
                     metadata = MSGPackSerializer.loads(message.metadata)
                 if message.tensor_part.dtype and parts:  # a new tensor begins
@@ -76,8 +77,10 @@ async def _download(_dht, node, run_id: str, timeout: float):
             logger.warning(f"Could not download the state from {peer}: {exc!r}")
             continue
         if metadata:
+            size = sum(t.numel() * t.element_size() for t in tensors)
             logger.info(f"Downloaded the swarm's state (step {metadata.get('epoch')}) from {peer} while joining,"
-                        f" in {time.monotonic() - began:.1f} s")
+                        f" in {time.monotonic() - began:.1f} s: {wire / 1e6:.2f} MB of tensors"
+                        f" {size / 1e6:.2f} MB in memory")
             return metadata, tensors
     return None
 

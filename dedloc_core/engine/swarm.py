@@ -255,6 +255,7 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
         client_mode=dht.client_mode,
         grad_compression=_compression(cfg.grad_compression),
         state_averaging_compression=Float16Compression(),
+        load_state_compression=load_state_compression(),
         grad_averager_factory=partial(StatelessGradientAverager, request_timeout=1.0,
                                       round_timeout=cfg.averaging_timeout, **grad_opts),
         averager_opts=averager_opts,
@@ -288,6 +289,16 @@ def overlap_options(cfg: SwarmConfig) -> dict:
         return dict(average_state_every=cfg.average_state_every)
     return dict(offload_optimizer=True, delay_optimizer_step=True, delay_grad_averaging=True,
                 delay_state_averaging=True, average_state_every=cfg.average_state_every)
+
+
+def load_state_compression():
+    """How this peer serves its state to a newcomer (and to the backbone's checkpoints): parameters in
+    fp16, half their bytes (a rounding of about 5e-4 of a weight, less than one step's change; the
+    parameter rounds send fp16 too), optimizer statistics as they are (Adam's second moment falls
+    below fp16's range, and a zero there makes an update explode). A newcomer decodes either."""
+    from hivemind.compression import RoleAdaptiveCompression
+
+    return RoleAdaptiveCompression(parameter=Float16Compression())
 
 
 def _compression(name: str):
