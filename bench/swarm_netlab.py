@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--volunteers", type=int, default=3, choices=(3, 4))
     parser.add_argument("--steps", type=int, default=8, help="global steps measured per mode")
     parser.add_argument("--cpu", type=float, default=0.4, help="each node's CPU quota, in cores")
-    parser.add_argument("--headroom", type=float, default=2.0, help="step length / estimated round length")
+    parser.add_argument("--headroom", type=float, default=4.0,
+                        help="step length / estimated round length (default 4, engine.pacing's)")
     parser.add_argument("--target-batch", type=int, default=0, help="override the paced target batch")
     parser.add_argument("--solo-seconds", type=float, default=6.0)
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds allowed per mode")

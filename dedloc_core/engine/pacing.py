@@ -3,8 +3,16 @@
 With overlap (``SwarmConfig.overlap``), a step's gradient all-reduce runs while the next step
 accumulates; the training loop waits only when a round outlasts a step. So a step (target batch /
 the swarm's samples/s) must last ``headroom`` times a round, and matchmaking, which hivemind starts
-``matchmaking_time`` before the step's estimated end, must fit well inside a step too. Pure Python:
-the organizer's tools and the benchmarks use it with measured throughput.
+``matchmaking_time`` before the step's estimated end, must fit well inside a step too. Pure Python;
+``bench/swarm_netlab.py`` paces its experiment with it from measured throughput (the product's
+experiments take their target batch from the catalog).
+
+``headroom`` 4 by default: at 2, in the network lab (``bench/swarm_netlab.py``, 2026-11-27), the
+volunteers used 0.35 of their 0.40-core quota, waiting for rounds that outlasted the estimate
+(2.85 s against 2.19), and utilization was 0.50 (hivemind's options 0.42); at 4, two runs, they
+used 0.37-0.40 and utilization was 0.68 and 0.58 (hivemind's options 0.58 and 0.55). The price is
+a target batch twice as large: half the optimizer steps per sample (large-batch training is
+DeDLOC's premise; its runs stepped every few minutes).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ def round_seconds(param_count: int, slowest_mbit: float, rtt_seconds: float, *, 
     return transfer + trips * rtt_seconds
 
 
-def pace(samples_per_second: float, round_s: float, *, headroom: float = 2.0, min_batch: int = 1,
+def pace(samples_per_second: float, round_s: float, *, headroom: float = 4.0, min_batch: int = 1,
          multiple: int = 1, min_matchmaking: float = 1.0, max_matchmaking: float = 15.0) -> Pace:
     """The target batch (a multiple of ``multiple``, at least ``min_batch``) whose step lasts
     ``headroom`` x ``round_s`` at ``samples_per_second``, and a matchmaking time of a quarter of that
