@@ -37,3 +37,36 @@ def test_extra_p2pd_flags_reach_the_command_line():
         assert P2P._make_process_args("p2pd", relay=True) == ["p2pd", "-relay=1"]
     finally:
         hivemind_patches.set_relay_service(False)
+
+
+class UnreachableDHT:
+    """A test double for a started DHT that the dial-back cannot reach and, started with
+    ``use_relay``, gets a relay address (a real one needs the network lab: test_netlab.py)."""
+
+    def __init__(self, **extra):
+        self.relayed, self.down = bool(extra.get("use_relay")), False
+
+    def get_visible_maddrs(self, latest=False):
+        circuit = f"/ip4/192.0.0.129/tcp/31337/p2p/{PEER}/p2p-circuit" if self.relayed else "/ip4/10.1.0.2/tcp/4001"
+        return [circuit]
+
+    def run_coroutine(self, _coroutine):
+        return []  # the helper reached none of our addresses
+
+    def shutdown(self):
+        self.down = True
+
+
+def test_each_dht_is_announced_before_its_dialback_and_the_last_one_stays():
+    from dedloc_core.engine.swarm import SwarmConfig
+
+    cfg = SwarmConfig(run_id="r", target_batch_size=8, batch_size_per_step=1,
+                      initial_peers=[f"/ip4/192.0.0.129/tcp/31337/p2p/{PEER}"], host_maddrs=["/ip4/0.0.0.0/tcp/0"])
+    announced: list[tuple[UnreachableDHT, bool]] = []
+    dht, how = reachability.join(cfg, lambda _cfg, **extra: UnreachableDHT(**extra), relay_wait=1.0,
+                                 on_start=lambda d: announced.append((d, d.down)))
+    assert how == reachability.VIA_RELAY
+    assert [down for _, down in announced] == [False, False]  # each announced while it was up
+    (first, _), (last, _) = announced
+    assert first.down and not first.relayed, "the unreachable DHT was not shut down"
+    assert last is dht and last.relayed and not dht.down

@@ -6,7 +6,8 @@ The code is organized as follows:
 - ``channel``: the worker's channels with the app (events out, commands in); light.
 - ``training``: one training session (data, recipe, DHT, Optimizer, the loop, the watchdog).
 - ``swarm``: building a hivemind DHT and Optimizer for an experiment.
-- ``prefetch``: a newcomer's state download, begun in the DHT's event loop while the Optimizer is built.
+- ``prefetch``: a newcomer's state download, begun in the DHT's event loop once the DHT is up
+  (during the dial-back and while the Optimizer is built).
 - ``pacing``: a sync-mode step long enough to hide a round (target batch, matchmaking time).
 - ``diloco``, ``delta_averaging``: low-communication training (DiLoCo) and its delta all-reduce.
 - ``hivemind_patches``: our named fixes and hooks on hivemind 1.1.12.

@@ -2,7 +2,8 @@
 
 hivemind downloads a running swarm's state only once its Optimizer exists, and building that takes
 seconds of CPU (torch._dynamo's import on the first torch.optim constructor, forking two
-averagers). ``start()`` runs the download in the DHT's event loop meanwhile, the way hivemind's
+averagers), and the dial-back that tells whether the DHT is reachable takes round trips before it.
+``start()`` runs the download in the DHT's event loop meanwhile, the way hivemind's
 averager does it (``DecentralizedAverager._load_state_from_peers``: the peers that declared their
 state, highest step first, ``rpc_download_state``; that loop runs in the averager, which does not
 exist yet, so it is written again here); our ``TrainingStateAverager`` hands the result to
@@ -14,6 +15,7 @@ so our subclass keeps that name: peers of every version find each other's state.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -47,11 +49,12 @@ def swarm_step(progress) -> int:
 
 
 async def _download(_dht, node, run_id: str, timeout: float):
-    progress = await node.get(f"{run_id}_progress", latest=True)
+    asked = time.monotonic()
+    prefix = f"{run_id}_state_averager"
+    progress, found = await asyncio.gather(node.get(f"{run_id}_progress", latest=True),  # a lookup each,
+                                           node.get(f"{prefix}.all_averagers", latest=True))  # round trips
     if swarm_step(progress.value if progress else None) <= 0:
         return None  # the first peers: nothing to catch up with
-    prefix = f"{run_id}_state_averager"
-    found = await node.get(f"{prefix}.all_averagers", latest=True)
     sharing = found.value if found and isinstance(found.value, dict) else {}
     priority = {PeerID(peer): (float(info.value), random.random()) for peer, info in sharing.items()
                 if isinstance(info, ValueWithExpiration) and isinstance(info.value, (float, int))}
@@ -62,8 +65,9 @@ async def _download(_dht, node, run_id: str, timeout: float):
         try:
             stub = state_averager.TrainingStateAverager.get_stub(node.p2p, peer, namespace=prefix)
             stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
-            metadata, tensors, parts, wire = None, [], [], 0
+            metadata, tensors, parts, wire, first = None, [], [], 0, None
             async for message in aiter_with_timeout(stream, timeout=timeout):
+                first = first or time.monotonic() - began
                 wire += len(message.tensor_part.buffer)
                 if message.metadata:
                     metadata = MSGPackSerializer.loads(message.metadata)
@@ -79,8 +83,9 @@ async def _download(_dht, node, run_id: str, timeout: float):
         if metadata:
             size = sum(t.numel() * t.element_size() for t in tensors)
             logger.info(f"Downloaded the swarm's state (step {metadata.get('epoch')}) from {peer} while joining,"
-                        f" in {time.monotonic() - began:.1f} s: {wire / 1e6:.2f} MB of tensors"
-                        f" {size / 1e6:.2f} MB in memory")
+                        f" in {time.monotonic() - began:.1f} s (looked up in {began - asked:.1f} s, the first part"
+                        f" after {first:.1f} s):"
+                        f" {wire / 1e6:.2f} MB of tensors {size / 1e6:.2f} MB in memory")
             return metadata, tensors
     return None
 

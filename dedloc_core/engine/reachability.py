@@ -142,11 +142,16 @@ def only_loopback(maddrs: list[str]) -> bool:
     return True
 
 
-def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 10.0, relay_tries: int = 3) -> tuple[Any, str]:
+def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 10.0, relay_tries: int = 3,
+         on_start: Callable[[Any], None] | None = None) -> tuple[Any, str]:
     """Start a DHT that others can use to reach us, as well as this network allows.
 
     ``cfg`` is a ``swarm.SwarmConfig``; ``cfg.reachability`` "auto" decides by dial-back, or forces
-    "direct", "relay" or "outbound". Returns (dht, one of DIRECT, VIA_RELAY, OUTBOUND_ONLY)."""
+    "direct", "relay" or "outbound". ``on_start(dht)`` is called for each DHT as soon as it is up,
+    before the dial-back (one that is shut down again is followed by another call). Returns (dht,
+    one of DIRECT, VIA_RELAY, OUTBOUND_ONLY)."""
+    if on_start is not None:
+        start_dht = _calling(start_dht, on_start)
     mode = cfg.reachability
     if cfg.client_mode or mode == "outbound":
         return start_dht(cfg, client_mode=True), OUTBOUND_ONLY
@@ -174,6 +179,14 @@ def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 10.0, relay_tri
         dht.shutdown()
     logger.warning("No relay reservation; joining outbound only (client mode)")
     return start_dht(cfg, client_mode=True, check_if_identity_free=False), OUTBOUND_ONLY
+
+
+def _calling(start_dht: Callable[..., Any], on_start: Callable[[Any], None]) -> Callable[..., Any]:
+    def started(*args, **kwargs):
+        dht = start_dht(*args, **kwargs)
+        on_start(dht)
+        return dht
+    return started
 
 
 def _start_relayed(cfg, start_dht: Callable[..., Any]):

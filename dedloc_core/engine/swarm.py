@@ -212,8 +212,9 @@ def _before_fork() -> None:
 os.register_at_fork(before=_before_fork)
 
 
-def join_swarm(cfg: SwarmConfig) -> tuple[hivemind.DHT, str]:
-    """Start the DHT as reachable as this network allows: (dht, "direct" | "via relay" | "outbound only")."""
+def join_swarm(cfg: SwarmConfig, on_start=None) -> tuple[hivemind.DHT, str]:
+    """Start the DHT as reachable as this network allows: (dht, "direct" | "via relay" | "outbound only").
+    ``on_start(dht)``: called as soon as a DHT is up, before its reachability is known."""
     from hivemind.p2p import P2PDaemonError
 
     from dedloc_core.errors import WorkerError
@@ -221,7 +222,7 @@ def join_swarm(cfg: SwarmConfig) -> tuple[hivemind.DHT, str]:
     from . import reachability
 
     try:
-        return reachability.join(cfg, start_dht)
+        return reachability.join(cfg, start_dht, on_start=on_start)
     except P2PDaemonError as exc:
         if "already taken" not in str(exc):
             raise

@@ -107,6 +107,7 @@ class Session:
             average_state_every=exp.average_state_every,
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
+        token = None
         if exp.needs_token:  # invite-only: a token from the backbone, checked by every peer (gate.py)
             token, identity = invited.obtain(exp, cfg.identity_path)
             gate.configure(exp.run_id, exp.invite_key)  # before hivemind forks the DHT and averagers
@@ -114,12 +115,11 @@ class Session:
             cfg.authorizer = gate.InviteAuthorizer(metrics.load_identity_key(cfg.identity_path), self.token_holder)
         else:
             gate.disable()
-        self.dht, self.reachability = swarm.join_swarm(cfg)
+        self.dht, self.reachability = swarm.join_swarm(cfg, on_start=functools.partial(self._on_dht, cfg, token))
         clock.lap("swarm")
         logger.info("Reachability: %s", self.reachability)
-        self.public_key = metrics.add_validators(self.dht, exp.run_id)
+        self.public_key, download = self._joined  # set for the DHT that stayed: the last one started
         if exp.needs_token:
-            gate.publish(self.dht, token, subkey=self.public_key)
             self.renewer = invited.Renewer(exp, identity, self.token_holder,
                                            lambda t: gate.publish(self.dht, t, subkey=self.public_key))
         if exp.mode == "diloco":
@@ -130,8 +130,7 @@ class Session:
             self.param_digest = lambda _model: self.optimizer.outer_digest()  # identical on synced peers
         else:
             self._hold_while_paused("joining", f"Joining the swarm of {exp.title}")  # seconds of CPU
-            # while the optimizer is built; with no initial peers we are the swarm's first: nothing to load
-            state = prefetch.start(self.dht, exp.run_id, cfg.load_state_timeout) if cfg.initial_peers else None
+            state = download
             self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
             self.param_digest = swarm.param_digest
             clock.lap("optimizer")
@@ -149,6 +148,20 @@ class Session:
                                   relayed=self.reachability == VIA_RELAY)
         self._relay_ok_reported = True
         return self
+
+    def _on_dht(self, cfg, token: str | None, dht) -> None:
+        """A DHT is up (``reachability.join`` may still find it unreachable and start another):
+        its record validators, our invite token and, for a newcomer, the download of the swarm's
+        state, begun now so that it runs while the dial-back and the optimizer take their seconds
+        (with no initial peers we are the swarm's first: nothing to load)."""
+        exp = self.experiment
+        public_key = metrics.add_validators(dht, exp.run_id)
+        if token is not None:
+            gate.publish(dht, token, subkey=public_key)  # the peers serving the state check it
+        download = None
+        if cfg.initial_peers and exp.mode != "diloco":
+            download = prefetch.start(dht, exp.run_id, cfg.load_state_timeout)
+        self._joined = (public_key, download)
 
     def _catch_up(self, state) -> None:
         """A swarm already past our step: load its state now, before any gradients are computed.
