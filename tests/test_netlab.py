@@ -167,7 +167,10 @@ def test_volunteer_refuses_to_relay_backbone_relays(netlab):
 
     root = Path(__file__).parents[1]
     script = str(root / "tests" / "netlab" / "p2pnode.py")
-    opts = dict(cwd=str(root), env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, text=True)
+    # the daemons' own log lines (hivemind logs p2pd's output at DEBUG) go to the captured stderr:
+    # a refused reservation or dial says why there (it failed once in CI with a bare "failed to connect")
+    env = {**os.environ, "PYTHONPATH": str(root), "HIVEMIND_LOGLEVEL": "DEBUG"}
+    opts = dict(cwd=str(root), env=env, stdout=subprocess.PIPE, text=True)
     dialer = netlab.public("dialer")
 
     def relay_and_client(mode: str) -> str:
@@ -183,7 +186,8 @@ def test_volunteer_refuses_to_relay_backbone_relays(netlab):
     assert "/p2p-circuit/" in circuit, "the backbone did not accept a reservation"
     dial = subprocess.run(netlab.launcher(dialer) + [sys.executable, script, "dial", circuit], timeout=120, **{
         k: v for k, v in opts.items() if k != "stdout"}, capture_output=True)
-    assert dial.stdout.strip().endswith("connected"), f"nobody reached the NATed peer: {dial.stderr[-500:]}"
+    said = "\n".join(line for line in dial.stderr.splitlines() if "[Fx]" not in line)  # not p2pd's wiring
+    assert dial.stdout.strip().endswith("connected"), f"nobody reached the NATed peer: {said[-6000:]}"
 
 
 
