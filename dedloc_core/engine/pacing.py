@@ -7,12 +7,10 @@ the swarm's samples/s) must last ``headroom`` times a round, and matchmaking, wh
 ``bench/swarm_netlab.py`` paces its experiment with it from measured throughput (the product's
 experiments take their target batch from the catalog).
 
-``headroom`` 4 by default: at 2, in the network lab (``bench/swarm_netlab.py``, 2026-11-27), the
-volunteers used 0.35 of their 0.40-core quota, waiting for rounds that outlasted the estimate
-(2.85 s against 2.19), and utilization was 0.50 (hivemind's options 0.42); at 4, two runs, they
-used 0.37-0.40 and utilization was 0.68 and 0.58 (hivemind's options 0.58 and 0.55). The price is
-a target batch twice as large: half the optimizer steps per sample (large-batch training is
-DeDLOC's premise; its runs stepped every few minutes).
+``headroom`` 4 by default: at 2, in the network lab, the volunteers left part of their CPU quota
+idle, waiting for rounds that outlasted the estimate (figures: ``bench/README.md``, swarm_netlab,
+stop 34). The price is a target batch twice as large: half the optimizer steps per sample
+(large-batch training is DeDLOC's premise; its runs stepped every few minutes).
 """
 
 from __future__ import annotations
