@@ -1,6 +1,6 @@
-"""``swarm._warm_up_optim`` imports torch._dynamo on a thread once the DHT is up; a fork meanwhile
-(hivemind forks its averagers, and a relayed DHT when the first was unreachable) waits for the
-import, so no child inherits a half-imported module and the import locks the thread holds."""
+"""``swarm._warm_up_optim`` imports torch._dynamo on a thread while the DHT starts; a fork meanwhile
+(hivemind forks its DHT and averagers) waits for the import, so no child inherits a half-imported
+module and the import locks the thread holds."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ if sys.argv[1] == "warm-up":
     swarm._warm_up_optim()  # begins importing torch._dynamo on a thread (about a second)
 else:  # the same import on a thread the at-fork hook does not know of
     threading.Thread(target=swarm._import_dynamo, daemon=True).start()
-pid = os.fork()  # as hivemind forks an averager or a second DHT
+pid = os.fork()  # as hivemind forks its DHT right after
 if pid == 0:
     mod = sys.modules.get("torch._dynamo")
     print("complete" if mod is not None and hasattr(mod, "disable") else "partial", flush=True)

@@ -177,10 +177,8 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
         opts["check_if_identity_free"] = False
     opts.update(extra)
     dht = hivemind.DHT(start=True, await_ready=False, **opts)
+    _warm_up_optim()  # while the DHT starts p2pd and meets the swarm
     dht.wait_until_ready()
-    # after the DHT's start (fork, p2pd, bootstrap), which a newcomer's state download waits for; the
-    # optimizer, which needs the import, is built while the download runs
-    _warm_up_optim()
     return dht
 
 
@@ -190,8 +188,8 @@ _warm_up: threading.Thread | None = None
 def _warm_up_optim() -> None:
     """Import torch._dynamo on a thread. The first torch.optim constructor imports it (about 1 s of
     CPU on an idle machine, 4 s beside two training peers: most of building hivemind's Optimizer),
-    and the dial-back and a newcomer's state download are mostly waiting. No fork happens while it
-    imports: a child would inherit the module locks the thread holds (``_before_fork``)."""
+    and starting a DHT is mostly waiting. No fork happens while it imports: a child would inherit
+    the module locks the thread holds (``_before_fork``)."""
     global _warm_up
     if _warm_up is not None or "torch._dynamo" in sys.modules:
         return
