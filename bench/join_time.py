@@ -25,7 +25,7 @@ the link rate the newcomer's download rate. The table also shows the bytes the n
 until then and each worker's own account of its start (its "Ready to train" log line: imports,
 data, model, swarm, optimizer). Last line: ``join seconds: X, bound: B`` (case 3).
 
-    python bench/join_time.py [--steps 2] [--keep DIR] [--cpu 0.5 --new-cpu 0.8 --backbone-cpu 0.2]
+    python bench/join_time.py [--steps 2] [--keep DIR] [--after 40] [--cpu 0.5 --new-cpu 0.8 --backbone-cpu 0.2]
 """
 
 from __future__ import annotations
@@ -155,9 +155,23 @@ def alone(folder: Path) -> dict:
             "ready": ready_line(home / "worker.log")}
 
 
-def in_lab(folder: Path, steps: int, timeout: float, cpu: dict[str, float | None]) -> dict:
+def after_join(peers: list[Peer], seconds: float) -> dict[str, tuple[float, int, int]]:
+    """Each volunteer's (samples/s, rounds, steps) over ``seconds`` of training once the newcomer's
+    first round is done: a peer whose rounds lag the swarm's waits for them and trains slower."""
+    def totals():
+        for p in peers:
+            p.drain()
+        return {p.name: (p.stats.samples if p.stats else 0, p.rounds, p.step) for p in peers}
+    first, began = totals(), time.monotonic()
+    time.sleep(seconds)
+    last, wall = totals(), time.monotonic() - began
+    return {name: ((last[name][0] - first[name][0]) / wall, last[name][1] - first[name][1],
+                   last[name][2] - first[name][2]) for name in first}
+
+
+def in_lab(folder: Path, steps: int, timeout: float, cpu: dict[str, float | None], after: float = 0.0) -> dict:
     """Cases 2 and 3, in one lab: the lone first volunteer, then a newcomer to the swarm it is in.
-    ``cpu``: each node's CPU quota in cores (None: no quota)."""
+    ``cpu``: each node's CPU quota in cores (None: no quota); ``after``: seconds of ``after_join``."""
     exp = demo_experiment(id="join-bench", run_id=f"join_bench_{os.getpid()}")
     out: dict = {}
     with Lab() as lab:
@@ -188,6 +202,8 @@ def in_lab(folder: Path, steps: int, timeout: float, cpu: dict[str, float | None
             out["newcomer"] = {"training": tn.get("training"), "samples": tn.get("samples"),
                                "synced": tn.get("synced"), "round": tn.get("round"), "swarm_step": swarm_step,
                                "rx": lab.counters(hosts["new"])[1] - rx0, "ready": ready_line(new.home / "worker.log")}
+            if after > 0:
+                out["after"] = after_join(peers, after)
         finally:
             for p in peers:
                 p.stop()
@@ -207,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", type=float, default=0.5,
                         help="CPU quota of each volunteer already in the swarm, in cores (0: none)")
     parser.add_argument("--new-cpu", type=float, default=0.8, help="the newcomer's CPU quota, in cores (0: none)")
+    parser.add_argument("--after", type=float, default=0.0,
+                        help="then train on this many seconds and print each volunteer's samples/s")
     parser.add_argument("--backbone-cpu", type=float, default=0.2, help="the backbone's CPU quota (0: none)")
     args = parser.parse_args(argv)
     cpu = {"bb": args.backbone_cpu or None, "v0": args.cpu or None, "v1": args.cpu or None,
@@ -219,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         first = None if args.skip_alone else alone(folder)
-        lab = in_lab(folder, args.steps, args.timeout, cpu)
+        lab = in_lab(folder, args.steps, args.timeout, cpu, args.after)
     print(f"state: {size / 1e6:.2f} MB (parameters + optimizer state, fp32); newcomer link {PROFILE['new'][0]} Mbit/s,"
           f" {PROFILE['new'][1]} ms")
     print("cpu quotas (cores): " + ", ".join(f"{k} {v if v else 'none'}" for k, v in cpu.items()))
@@ -234,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'lab: newcomer (swarm at step ' + str(new['swarm_step']) + ')':34} {fmt(new['training']):>10}"
           f" {fmt(new['samples']):>10} {fmt(new['synced']):>9} {fmt(new['round']):>8}  {new['ready']}")
     print(f"newcomer received {new['rx'] / 1e6:.2f} MB until its first round")
+    for name, (rate, rounds, steps) in lab.get("after", {}).items():
+        print(f"after the join, {args.after:.0f} s: {name} {rate:.1f} samples/s ({rate / cpu[name]:.1f} per core),"
+              f" {rounds} rounds in {steps} steps" if cpu[name] else f"after the join: {name} {rate:.1f} samples/s")
     print(f"join seconds: {new['round']:.1f}, bound: {bound:.1f}")
     return 0
 

@@ -1,10 +1,12 @@
 """hivemind_patches patch 6: tasks nobody keeps and the MPFutures they await survive garbage collection,
 and so does the task serving a connection to a unix-socket server; patch 9: an averager renews its
 state record before the record expires; patch 10: a cancelled averaging step reads cancelled by the
-time the averager hears of the cancel."""
+time the averager hears of the cancel; patch 12: a step whose all-reduce ran and failed is not run
+again."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -206,3 +208,68 @@ def test_a_cancelled_step_reads_cancelled_when_the_averager_hears_of_it():
 def test_without_the_patch_the_averager_hears_of_the_cancel_before_the_step_reads_cancelled():
     # the averager then went on to an all-reduce: the cancelled trigger counts as "triggered"
     assert run_probe(CANCEL, "plain") == "False False True True\nsecond cancel: InvalidStateError"
+
+
+# Two real averagers on loopback, one all-reduce. The victim's round fails on its side only, after
+# the all-reduce ran (as when its last part from a groupmate goes missing); the other peer's succeeds.
+# Printed: the other's group size, the victim's outcome, and whether the victim looked for a new group.
+RERUN = """
+import json, sys, time
+import torch, hivemind
+from hivemind.averaging import allreduce
+from hivemind.averaging.partition import AllreduceException
+if sys.argv[1] == "patched":
+    from dedloc_core.engine import hivemind_patches
+    hivemind_patches.install()
+first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                      initial_peers=[str(a) for a in first.get_visible_maddrs()])
+VICTIM = second.peer_id
+run = allreduce.AllReduceRunner.run
+
+async def lossy(self):  # the victim's last output never comes (its reader stops at the last tensor)
+    last = None
+    async for delta in run(self):
+        if last is not None:
+            yield last
+        last = delta
+    if self.peer_id == VICTIM:
+        raise AllreduceException("the last part went missing")
+    yield last
+
+allreduce.AllReduceRunner.run = lossy
+averagers = [hivemind.averaging.DecentralizedAverager([torch.full((1000,), float(v))], dht=d, prefix="rerun",
+                                                      target_group_size=2, min_matchmaking_time=2.0,
+                                                      request_timeout=1.0, start=True)
+             for v, d in ((1.0, first), (3.0, second))]
+began = time.monotonic()
+futures = [a.step(wait=False, timeout=15) for a in averagers]
+outcome = [len(futures[0].result(timeout=60))]
+try:
+    outcome.append(len(futures[1].result(timeout=60)))
+except Exception as exc:
+    outcome.append(type(exc).__name__)
+print(json.dumps(outcome))
+for a in averagers:
+    a.shutdown()
+for d in (first, second):
+    d.shutdown()
+"""
+
+
+def rerun(mode: str) -> tuple[list, bool]:
+    out = subprocess.run([sys.executable, "-c", RERUN, mode], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), "retrying" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_step_whose_all_reduce_failed_fails_at_once():
+    outcome, retried = rerun("patched")
+    assert outcome == [2, "MatchmakingException"] and not retried
+
+
+@pytest.mark.slow
+def test_without_the_patch_the_step_looks_for_a_new_group_until_its_deadline():
+    outcome, retried = rerun("plain")
+    assert outcome[0] == 2 and retried  # nobody else is looking: the retries find no group

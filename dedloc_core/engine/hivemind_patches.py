@@ -99,6 +99,15 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
 11. ``helper threads``, a switch, off by default: ``DEDLOC_HELPER_THREADS=dht`` runs the DHT as a
    thread of this process instead of a forked process, ``all`` the averagers too
    (``dedloc_core.engine.helper_threads`` says what that changes and why it is not the default).
+12. ``a round that ran is not run again``: ``DecentralizedAverager._step`` (``averaging/averager.py``)
+   retried a step whose all-reduce had begun and failed, looking for a new group until the step's
+   deadline (the averaging timeout). The group it ran with has dissolved, and in a synchronous
+   swarm the other peers have moved on (one whose last part went missing was the only one to see
+   the round fail): a newcomer's parameter round in ``bench/join_time.py`` found no group for 25 s
+   while its training loop waited for it ("Allreduce group not found" every 2-6 s). Now
+   ``StepControl.allow_retries`` is False once the all-reduce began: the step fails at once and the
+   optimizer goes on with its local gradients or parameters. A step that has not found a group yet
+   still retries until its deadline.
 """
 
 from __future__ import annotations
@@ -158,6 +167,7 @@ def install() -> None:
     _patch_invite_gate()
     _patch_state_declarations()
     _patch_step_cancel()
+    _patch_no_rerun()
     from dedloc_core.engine import helper_threads
 
     helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "none"))
@@ -670,3 +680,11 @@ def _patch_step_cancel() -> None:
         return cancelled
 
     StepControl.cancel = cancel  # type: ignore[method-assign]
+
+
+def _patch_no_rerun() -> None:
+    """Patch 12 (see the module docstring)."""
+    from hivemind.averaging.control import StepControl
+
+    allowed = StepControl.allow_retries.fget
+    StepControl.allow_retries = property(lambda self: allowed(self) and not self.began_allreduce)
