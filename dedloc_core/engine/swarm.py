@@ -20,6 +20,7 @@ from functools import partial
 
 import hivemind
 import torch
+from hivemind.averaging.control import AveragingStage
 from hivemind.compression import Float16Compression
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
@@ -433,6 +434,48 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             return
         super()._maybe_schedule_gradient_averaging()
 
+    steps_sat_out = 0
+    _sitting_out: tuple[int, float] | None = None  # (the step sat out, when), until the swarm leaves it
+
+    def _update_global_epoch(self, grad_scaler) -> None:
+        """A peer whose last step's round is still looking for a group when the next step comes is a
+        round behind: the swarm's group for that step has long run, so the round will join the swarm's
+        round for *this* step. hivemind would then trigger this step's round only after that one
+        ends, when the swarm's group for the next step has formed too, and so on, one round behind
+        for good: each step its loop waited for the last round ("Waiting for delayed updates"), and
+        its parameter rounds (every ``average_state_every`` steps) found nobody until their deadline
+        (a newcomer in ``bench/join_time.py``: 17 s). Such a peer sits this step out instead: no
+        round and no optimizer step; once the swarm has taken the step it goes on at the swarm's step
+        number, its samples carried into that step's round, which it can then schedule in time. Its
+        parameters miss one update, as after ``_should_load_state_from_peers``'s fast-forward; the
+        last round's average, applied when it ends, is the swarm's for the step sat out."""
+        if self._sitting_out is not None:
+            step, since = self._sitting_out
+            if self.local_epoch != step:
+                self._sitting_out = None
+            elif self.tracker.global_epoch > step or time.monotonic() - since > self.averaging_timeout:
+                self._sitting_out = None
+                if self.tracker.global_epoch > step:
+                    self._go_on_at(self.tracker.global_epoch)
+                    return
+            else:
+                return  # the swarm is still finishing that step: keep accumulating
+        last = self.scheduled_grads
+        if (last is None or not last.triggered or last.done()
+                or last.stage != AveragingStage.LOOKING_FOR_GROUP):
+            return super()._update_global_epoch(grad_scaler)
+        logger.info("Our last round is still looking for a group: sitting step %d out", self.local_epoch)
+        if self.scheduled_state is not None and not self.scheduled_state.done():
+            self.scheduled_state.cancel()  # a parameter round for a step we do not take
+            self.scheduled_state = None
+        self._sitting_out = (self.local_epoch, time.monotonic())
+        self.steps_sat_out += 1
+
+    def _go_on_at(self, epoch: int) -> None:
+        """Take the swarm's step number without a step of our own, keeping the samples accumulated."""
+        self.state_averager.local_epoch = epoch
+        self.tracker.report_local_progress(epoch, self.tracker.local_progress.samples_accumulated)
+
     def _begin_averaging_gradients(self, grad_scaler) -> bool:
         if self.scheduled_grads is not None and self.scheduled_grads.triggered:
             # the last step's round, which ran on until this step's end (so none was scheduled):
@@ -479,8 +522,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
                 self._should_check_synchronization_on_update = False
                 logger.info("The swarm reached step %d while we loaded its state: going on from there",
                             self.tracker.global_epoch)
-                self.state_averager.local_epoch = self.tracker.global_epoch
-                self.tracker.report_local_progress(self.local_epoch, self.tracker.local_progress.samples_accumulated)
+                self._go_on_at(self.tracker.global_epoch)
                 return False
         return super()._should_load_state_from_peers()
 
