@@ -1,0 +1,89 @@
+"""A peer whose last step's round is still looking for a group when its next step comes (one round
+behind the swarm) sits that step out: no round, no optimizer step, its samples kept; once the swarm
+has taken the step it goes on at the swarm's step number with them
+(``swarm.RoundCountingOptimizer._update_global_epoch``). Real hivemind DHTs and averagers on
+loopback; the late round is a real StepControl in the stage a late round is in."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import sys, time
+from functools import partial
+import hivemind, torch
+from hivemind.averaging.control import AveragingStage, StepControl
+from hivemind.optim.progress_tracker import ProgressTracker
+from hivemind.utils import get_dht_time
+from hivemind.utils.mpfuture import MPFuture
+from dedloc_core.engine import hivemind_patches, swarm
+hivemind_patches.install()
+
+run_id = "sit_out_probe"
+first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+other = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
+model = torch.nn.Linear(4, 2)
+opt = swarm.RoundCountingOptimizer(
+    dht=first, run_id=run_id, params=model.parameters(), optimizer=partial(torch.optim.SGD, lr=0.1),
+    target_batch_size=1000, batch_size_per_step=4, averaging_timeout=5.0, matchmaking_time=1.0, verbose=False,
+    offload_optimizer=True, delay_optimizer_step=True, delay_grad_averaging=True, delay_state_averaging=True,
+    tracker_opts=dict(min_refresh_period=0.2, max_refresh_period=0.5, default_refresh_period=0.2))
+if sys.argv[1] == "plain":  # hivemind's own step
+    swarm.RoundCountingOptimizer._update_global_epoch = hivemind.Optimizer._update_global_epoch
+swarm_peer = ProgressTracker(dht=other, prefix=run_id, target_batch_size=1000, start=True)  # another peer
+
+def until(condition, what):
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+model(torch.randn(4, 4)).sum().backward()
+opt.step()  # one micro-batch: 4 samples accumulated, far from the target
+until(opt.tracker.fetched_global_progress_this_epoch.is_set, "the tracker never fetched the swarm's progress")
+before = [p.detach().clone() for p in model.parameters()]
+MPFuture()  # hivemind starts its future backend on the base class only
+late = StepControl(scheduled_time=get_dht_time() - 5, deadline=get_dht_time() + 30, allow_retries=True,
+                   weight=1.0, data_for_gather=b"")
+trigger, cancel = MPFuture(), MPFuture()
+late.attach(trigger, cancel)
+late.allow_allreduce()  # the last step's round: triggered, still looking for a group
+late.stage = AveragingStage.LOOKING_FOR_GROUP
+opt.scheduled_grads = late
+opt._update_global_epoch(None)  # the swarm reached the target of step 0
+print(opt.local_epoch, opt.grad_averager.local_samples_accumulated, opt.steps_sat_out, flush=True)
+if sys.argv[1] == "patched":
+    opt._update_global_epoch(None)  # the next micro-batch, the swarm still at step 0
+    again = opt.local_epoch
+    # the swarm took step 0 (trackers in one process share a key: this record replaces ours)
+    swarm_peer.report_local_progress(local_epoch=1, samples_accumulated=5)
+    until(lambda: opt.tracker.global_epoch == 1, "the swarm's step 1 never reached the tracker")
+    opt._update_global_epoch(None)
+    unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    print(again, opt.local_epoch, opt.grad_averager.local_samples_accumulated, unchanged)
+late.cancel()
+swarm_peer.shutdown()
+opt.shutdown()
+other.shutdown()
+first.shutdown()
+"""
+
+
+def probe(mode: str) -> str:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return " ".join(out.stdout.split())
+
+
+def test_a_peer_a_round_behind_sits_the_step_out_and_goes_on_with_its_samples():
+    # step 0 sat out (epoch 0, 4 samples kept, one sit-out), still out while the swarm finishes it,
+    # then the swarm's step 1 with the 4 samples; no optimizer step touched the parameters
+    assert probe("patched") == "0 4 1 0 1 4 True"
+
+
+def test_hivemind_steps_at_once_and_its_samples_go_to_a_round_of_their_own():
+    assert probe("plain") == "1 0 0"  # (a round that would join the swarm's next one)
