@@ -59,6 +59,10 @@ print(opt.local_epoch, opt.grad_averager.local_samples_accumulated, opt.steps_sa
 if sys.argv[1] == "patched":
     opt._update_global_epoch(None)  # the next micro-batch, the swarm still at step 0
     again = opt.local_epoch
+    late.cancel()  # the late round ended; the swarm is still finishing step 0, due now
+    opt.tracker.global_progress.eta_next_epoch = get_dht_time()
+    opt._maybe_schedule_gradient_averaging()
+    again = f"{again} {opt.scheduled_grads is late}"  # no round for the step sat out
     # the swarm took step 0 (trackers in one process share a key: this record replaces ours)
     swarm_peer.report_local_progress(local_epoch=1, samples_accumulated=5)
     until(lambda: opt.tracker.global_epoch == 1, "the swarm's step 1 never reached the tracker")
@@ -80,9 +84,10 @@ def probe(mode: str) -> str:
 
 
 def test_a_peer_a_round_behind_sits_the_step_out_and_goes_on_with_its_samples():
-    # step 0 sat out (epoch 0, 4 samples kept, one sit-out), still out while the swarm finishes it,
-    # then the swarm's step 1 with the 4 samples; no optimizer step touched the parameters
-    assert probe("patched") == "0 4 1 0 1 4 True"
+    # step 0 sat out (epoch 0, 4 samples kept, one sit-out), still out while the swarm finishes it
+    # (and no round scheduled meanwhile), then the swarm's step 1 with the 4 samples; no optimizer
+    # step touched the parameters
+    assert probe("patched") == "0 4 1 0 True 1 4 True"
 
 
 def test_hivemind_steps_at_once_and_its_samples_go_to_a_round_of_their_own():

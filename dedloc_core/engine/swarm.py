@@ -421,6 +421,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     averaging_seconds = 0.0
     _fresh_load = False  # a state was just loaded: the swarm may have stepped meanwhile
     _local_grads: list[torch.Tensor] | None = None  # this step's local gradients, while its round runs
+    steps_sat_out = 0
+    _sitting_out: tuple[int, float] | None = None  # (the step sat out, when), until the swarm leaves it
 
     def _maybe_schedule_gradient_averaging(self) -> None:
         """hivemind schedules the next step's round as soon as the last one was triggered; with
@@ -430,12 +432,13 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         round), and the round failed for all of them (seen in ``bench/swarm_netlab.py``'s logs). So
         no new round while the last one runs; the step's end begins one (``_begin_averaging_gradients``)."""
         last = self.scheduled_grads
-        if last is not None and last.triggered and not last.done():
-            return
+        if last is not None and last.triggered and not last.done() or self._sitting_out is not None:
+            return  # (nor while sitting a step out: this peer's next round is for the swarm's next step)
         super()._maybe_schedule_gradient_averaging()
 
-    steps_sat_out = 0
-    _sitting_out: tuple[int, float] | None = None  # (the step sat out, when), until the swarm leaves it
+    def _maybe_schedule_state_averaging(self) -> None:
+        if self._sitting_out is None:  # the parameter round of a step sat out is not ours to join
+            super()._maybe_schedule_state_averaging()
 
     def _update_global_epoch(self, grad_scaler) -> None:
         """A peer whose last step's round is still looking for a group when the next step comes is a
