@@ -69,6 +69,10 @@ if sys.argv[1] == "patched":
     opt._update_global_epoch(None)
     unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     print(again, opt.local_epoch, opt.grad_averager.local_samples_accumulated, unchanged)
+elif sys.argv[1] == "all-late":  # the late round ends and the swarm is still at step 0: nobody moves on
+    late.cancel()
+    opt._update_global_epoch(None)
+    print(opt.local_epoch, opt.grad_averager.local_samples_accumulated)
 late.cancel()
 swarm_peer.shutdown()
 opt.shutdown()
@@ -88,6 +92,11 @@ def test_a_peer_a_round_behind_sits_the_step_out_and_goes_on_with_its_samples():
     # (and no round scheduled meanwhile), then the swarm's step 1 with the 4 samples; no optimizer
     # step touched the parameters
     assert probe("patched") == "0 4 1 0 True 1 4 True"
+
+
+def test_when_the_late_round_ends_before_the_swarm_moves_on_the_peer_takes_the_step():
+    # every peer was late (rounds outlasting steps) and sat out: waiting for the swarm would wait for ever
+    assert probe("all-late") == "0 4 1 1 0"
 
 
 def test_hivemind_steps_at_once_and_its_samples_go_to_a_round_of_their_own():

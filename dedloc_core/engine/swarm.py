@@ -422,7 +422,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     _fresh_load = False  # a state was just loaded: the swarm may have stepped meanwhile
     _local_grads: list[torch.Tensor] | None = None  # this step's local gradients, while its round runs
     steps_sat_out = 0
-    _sitting_out: tuple[int, float] | None = None  # (the step sat out, when), until the swarm leaves it
+    _sitting_out: int | None = None  # the step sat out, until the swarm leaves it or the late round ends
 
     def _maybe_schedule_gradient_averaging(self) -> None:
         """hivemind schedules the next step's round as soon as the last one was triggered; with
@@ -449,21 +449,23 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         its parameter rounds (every ``average_state_every`` steps) found nobody until their deadline
         (a newcomer in ``bench/join_time.py``: 17 s). Such a peer sits this step out instead: no
         round and no optimizer step; once the swarm has taken the step it goes on at the swarm's step
-        number, its samples carried into that step's round, which it can then schedule in time. Its
+        number, its samples carried into that step's round, which it can then schedule in time (if
+        the late round ends first, the swarm's other peers were late too: it takes the step). Its
         parameters miss one update, as after ``_should_load_state_from_peers``'s fast-forward; the
         last round's average, applied when it ends, is the swarm's for the step sat out."""
-        if self._sitting_out is not None:
-            step, since = self._sitting_out
-            if self.local_epoch != step:
-                self._sitting_out = None
-            elif self.tracker.global_epoch > step or time.monotonic() - since > self.averaging_timeout:
-                self._sitting_out = None
-                if self.tracker.global_epoch > step:
-                    self._go_on_at(self.tracker.global_epoch)
-                    return
-            else:
-                return  # the swarm is still finishing that step: keep accumulating
         last = self.scheduled_grads
+        if self._sitting_out is not None and self.local_epoch != self._sitting_out:
+            self._sitting_out = None  # a state load moved this peer meanwhile
+        if self._sitting_out is not None:
+            self._sitting_out, step = None, self._sitting_out
+            if self.tracker.global_epoch > step:
+                return self._go_on_at(self.tracker.global_epoch)
+            if last is not None and not last.done():
+                self._sitting_out = step
+                return  # the swarm is still finishing that step: keep accumulating
+            # the late round ended and the swarm did not move on (its other peers were late too, as
+            # when rounds outlast steps: all of them sat out, and none would ever move on): step
+            return super()._update_global_epoch(grad_scaler)
         if (last is None or not last.triggered or last.done()
                 or last.stage != AveragingStage.LOOKING_FOR_GROUP):
             return super()._update_global_epoch(grad_scaler)
@@ -471,7 +473,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         if self.scheduled_state is not None and not self.scheduled_state.done():
             self.scheduled_state.cancel()  # a parameter round for a step we do not take
             self.scheduled_state = None
-        self._sitting_out = (self.local_epoch, time.monotonic())
+        self._sitting_out = self.local_epoch
         self.steps_sat_out += 1
 
     def _go_on_at(self, epoch: int) -> None:
