@@ -104,13 +104,18 @@ def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, 
     # asking the swarm) is skipped; test_worker's second worker with a copied identity is still refused
     assert "Checking that identity" not in log, log[-3000:]
     loaded = re.search(r"Loaded the swarm's state in .*", log)
-    assert loaded and "downloaded while joining" in loaded.group(0), loaded.group(0) if loaded else log[-3000:]
+    assert loaded, log[-3000:]
+    if "downloaded while joining" not in loaded.group(0):
+        # the swarm's short steps here can outrun a slow optimizer build (4.8 s once on 2 busy cores):
+        # a state two steps old is downloaded again, and only then
+        stale = re.search(r"downloaded while joining is from step (\d+), the swarm is at (\d+)", log)
+        assert stale and int(stale.group(2)) >= int(stale.group(1)) + 2, loaded.group(0)
     assert log.index("Downloaded the swarm's state (step") < log.index("Ready to train"), log[-3000:]
-    # the parameters came in fp16 (swarm.load_state_compression), the optimizer's statistics in fp32
-    sizes = re.search(r"([\d.]+) MB of tensors ([\d.]+) MB in memory", log)
+    # the parameters came in fp16, the optimizer's statistics in bfloat16 (swarm.load_state_compression)
+    sizes = re.search(r"([\d.]+) MB of tensors, ([\d.]+) MB in fp32", log)
     assert sizes, f"the download's sizes are not in the log: {log[-3000:]}"
     wire, size = map(float, sizes.groups())
-    assert 0 < wire < 0.9 * size, (wire, size)
+    assert 0 < wire < 0.55 * size, (wire, size)
     # With overlap (the catalog's default) a step's update lands one step late, and the state the
     # newcomer downloads may already hold the update its epoch label does not count yet; hivemind
     # labels a downloaded state with the epoch it was taken at: a label can trail the parameters by
@@ -306,3 +311,64 @@ def test_gradient_rounds_have_a_deadline_and_none_is_scheduled_while_the_last_on
     assert got["kept_while_running"], got
     assert got["scheduled_after"], got
     assert got["began_own"], got
+
+
+STATE_WIRE = """
+import json, torch
+from hivemind.compression import CompressionInfo, TensorRole, deserialize_torch_tensor
+from hivemind.optim.state_averager import dump_optimizer_state, load_optimizer_state
+from hivemind.utils.streaming import combine_from_streaming, split_for_streaming
+from dedloc_core.engine import swarm
+
+def adam(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+torch.manual_seed(0)
+model = torch.nn.Linear(64, 64)
+opt = adam(model)
+for scale in (1.0, 1e-7, 1e-7):  # gradients of 1e-7: Adam's second moment down to ~1e-17
+    model.zero_grad()
+    (scale * model(torch.randn(8, 64)).square().mean()).backward()
+    opt.step()
+metadata, tensors = dump_optimizer_state(opt)
+compression = swarm.load_state_compression()
+wire, received = 0, []
+for i, tensor in enumerate(tensors):  # the server's side of rpc_download_state, then the newcomer's
+    info = CompressionInfo.from_tensor(tensor, key=i, role=TensorRole.OPTIMIZER)
+    parts = list(split_for_streaming(compression.compress(tensor, info, allow_inplace=False), 4096))
+    wire += sum(len(p.buffer) for p in parts)
+    received.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+other = torch.nn.Linear(64, 64)
+fresh = adam(other)
+other(torch.randn(1, 64)).sum().backward()
+fresh.step()  # its state exists, as hivemind's averager makes it before loading
+load_optimizer_state(fresh, metadata, received)
+sent, got = opt.state_dict()["state"], fresh.state_dict()["state"]
+errors, zeros, steps = [], 0, []
+for key in sent:
+    steps.append([float(sent[key]["step"]), float(got[key]["step"]), str(got[key]["step"].dtype)])
+    for name in ("exp_avg", "exp_avg_sq"):
+        a, b = sent[key][name], got[key][name]
+        assert b.dtype == torch.float32, b.dtype
+        nonzero = a != 0
+        zeros += int((b[nonzero] == 0).sum())
+        errors.append(float(((b - a).abs()[nonzero] / a.abs()[nonzero]).max()))
+smallest = min(float(sent[k]["exp_avg_sq"][sent[k]["exp_avg_sq"] > 0].min()) for k in sent)
+print(json.dumps(dict(wire=wire, memory=sum(t.numel() * t.element_size() for t in tensors), error=max(errors),
+                      zeros=zeros, steps=steps, smallest=smallest)))
+"""
+
+
+def test_a_newcomer_gets_the_optimizer_statistics_in_half_the_bytes_and_their_range():
+    """A newcomer's download (swarm.load_state_compression) sends Adam's statistics in bfloat16: half
+    the bytes of fp32, fp32's range (a second moment of 1e-17 is not rounded to zero as fp16 would),
+    about 3 significant digits; the step count exactly. Decoded by hivemind's own deserializer and
+    loaded by torch.optim as fp32."""
+    out = subprocess.run([sys.executable, "-c", STATE_WIRE], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["smallest"] < 1e-12, got  # the probe reaches the range fp16 loses (its smallest: 6e-8)
+    assert got["zeros"] == 0, got
+    assert got["error"] <= 2 ** -8, got
+    assert all(s == r and dtype == "torch.float32" for s, r, dtype in got["steps"]), got["steps"]
+    assert got["wire"] < 0.55 * got["memory"], got

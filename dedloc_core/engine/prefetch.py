@@ -81,11 +81,11 @@ async def _download(_dht, node, run_id: str, timeout: float):
             logger.warning(f"Could not download the state from {peer}: {exc!r}")
             continue
         if metadata:
-            size = sum(t.numel() * t.element_size() for t in tensors)
+            size = sum(t.numel() * (4 if t.is_floating_point() else t.element_size()) for t in tensors)
             logger.info(f"Downloaded the swarm's state (step {metadata.get('epoch')}) from {peer} while joining,"
                         f" in {time.monotonic() - began:.1f} s (looked up in {began - asked:.1f} s, the first part"
                         f" after {first:.1f} s):"
-                        f" {wire / 1e6:.2f} MB of tensors {size / 1e6:.2f} MB in memory")
+                        f" {wire / 1e6:.2f} MB of tensors, {size / 1e6:.2f} MB in fp32")
             return metadata, tensors
     return None
 

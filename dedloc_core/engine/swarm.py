@@ -21,7 +21,7 @@ from functools import partial
 import hivemind
 import torch
 from hivemind.averaging.control import AveragingStage
-from hivemind.compression import Float16Compression
+from hivemind.compression import Float16Compression, NoCompression
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
 from hivemind.utils.logging import use_hivemind_log_handler
@@ -296,15 +296,37 @@ def overlap_options(cfg: SwarmConfig) -> dict:
 def load_state_compression():
     """How this peer serves its state to a newcomer (and to the backbone's checkpoints): parameters in
     fp16, half their bytes (a rounding of about 5e-4 of a weight, less than one step's change; the
-    parameter rounds send fp16 too), optimizer statistics as they are (Adam's second moment falls
-    below fp16's range, and a zero there makes an update explode). A newcomer decodes either."""
+    parameter rounds send fp16 too), optimizer statistics in bfloat16 (``BFloat16Statistics``).
+    A newcomer decodes either, as would a plain hivemind peer."""
     from hivemind.compression import RoleAdaptiveCompression
 
-    return RoleAdaptiveCompression(parameter=Float16Compression())
+    return RoleAdaptiveCompression(parameter=Float16Compression(), optimizer=BFloat16Statistics())
+
+
+class BFloat16Statistics(NoCompression):
+    """Optimizer statistics as bfloat16 on the wire: half the bytes of fp32 with fp32's range (Adam's
+    second moment falls below fp16's, and a zero there makes an update explode), 8 bits of mantissa
+    (a relative rounding of at most 2**-9, 1e-3 of an update at most). 0-d tensors (Adam's step
+    count) go as they are. Sent as hivemind's own bfloat16 tensors (type NONE, dtype "bfloat16"),
+    which every hivemind 1.1 peer decodes; ``torch.optim`` casts them back to the parameters' dtype
+    when the newcomer loads them."""
+
+    def compress(self, tensor: torch.Tensor, info, allow_inplace: bool = False):
+        if tensor.dim() == 0 or tensor.dtype not in (torch.float32, torch.float64):
+            return super().compress(tensor, info, allow_inplace)
+        from hivemind.proto import runtime_pb2
+
+        tensor = tensor.detach()
+        return runtime_pb2.Tensor(compression=self.compression_type, size=tensor.shape, dtype="bfloat16",
+                                  buffer=tensor.to(torch.bfloat16).view(torch.int16).numpy().tobytes(),
+                                  requires_grad=tensor.requires_grad)
+
+    def estimate_compression_ratio(self, info) -> float:
+        return 0.5 if len(info.descriptor.shape) else 1.0
 
 
 def _compression(name: str):
-    from hivemind.compression import NoCompression, Uniform8BitQuantization
+    from hivemind.compression import Uniform8BitQuantization
 
     return {"none": NoCompression, "fp16": Float16Compression, "8bit": Uniform8BitQuantization}[name]()
 
