@@ -1,8 +1,8 @@
 """A newcomer's state download, begun as soon as its DHT is up.
 
 hivemind downloads a running swarm's state only once its Optimizer exists, and building that takes
-seconds of CPU (torch._dynamo's import on the first torch.optim constructor, forking two
-averagers), and the dial-back that tells whether the DHT is reachable takes round trips before it.
+seconds of CPU (forking two averagers), and the dial-back that tells whether the DHT is reachable
+takes round trips before it.
 ``start()`` runs the download in the DHT's event loop meanwhile, the way hivemind's
 averager does it (``DecentralizedAverager._load_state_from_peers``: the peers that declared their
 state, highest step first, ``rpc_download_state``; that loop runs in the averager, which does not

@@ -12,7 +12,6 @@ import gc
 import logging
 import multiprocessing as mp
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,7 +25,9 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
 from hivemind.utils.logging import use_hivemind_log_handler
 
-from . import hivemind_patches, prefetch
+from . import hivemind_patches, no_dynamo, prefetch
+
+no_dynamo.install()  # torch.optim's import of torch._dynamo: 1.3 s of CPU and 75 MiB, for two no-ops
 
 logger = logging.getLogger(__name__)
 
@@ -177,40 +178,7 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
     if cfg.identity_is_new:
         opts["check_if_identity_free"] = False
     opts.update(extra)
-    dht = hivemind.DHT(start=True, await_ready=False, **opts)
-    _warm_up_optim()  # while the DHT starts p2pd and meets the swarm
-    dht.wait_until_ready()
-    return dht
-
-
-_warm_up: threading.Thread | None = None
-
-
-def _warm_up_optim() -> None:
-    """Import torch._dynamo on a thread. The first torch.optim constructor imports it (about 1 s of
-    CPU on an idle machine, 4 s beside two training peers: most of building hivemind's Optimizer),
-    and starting a DHT is mostly waiting. No fork happens while it imports: a child would inherit
-    the module locks the thread holds (``_before_fork``)."""
-    global _warm_up
-    if _warm_up is not None or "torch._dynamo" in sys.modules:
-        return
-    _warm_up = threading.Thread(target=_import_dynamo, name="warm-up-optim", daemon=True)
-    _warm_up.start()
-
-
-def _import_dynamo() -> None:
-    try:
-        import torch._dynamo  # noqa: F401
-    except Exception:  # the optimizer's own import will say what is wrong
-        logger.debug("importing torch._dynamo failed", exc_info=True)
-
-
-def _before_fork() -> None:
-    if _warm_up is not None and _warm_up.is_alive() and threading.current_thread() is not _warm_up:
-        _warm_up.join()
-
-
-os.register_at_fork(before=_before_fork)
+    return hivemind.DHT(start=True, **opts)
 
 
 def join_swarm(cfg: SwarmConfig, on_start=None) -> tuple[hivemind.DHT, str]:
