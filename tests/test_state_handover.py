@@ -1,0 +1,71 @@
+"""A peer serving its state to a newcomer hands it to its averager's process packed, one buffer per
+dtype (``prefetch._HandsOverPacked``), and the newcomer gets the same state as hivemind would send.
+Real DHTs, a real Optimizer and its averager process, the newcomer's download on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import json, time
+import torch
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.optim import state_averager as hivemind_state
+from dedloc_core.engine import prefetch, swarm
+
+class Recipe:
+    build_scheduler = None
+    @staticmethod
+    def build_optimizer(params):
+        return torch.optim.AdamW(params, lr=1e-2)
+
+swarm.prepare_process()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+cfg = swarm.SwarmConfig(run_id="handover", target_batch_size=8, batch_size_per_step=4, overlap=False,
+                        matchmaking_time=0.5, averaging_timeout=5.0)
+dht = swarm.start_dht(cfg)
+opt = swarm.build_optimizer(dht, cfg, model, Recipe)
+while opt.local_epoch < 3:  # a lone peer's steps: a state with Adam's statistics, at step 3
+    model(torch.randn(4, 16)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+averager = opt.state_averager
+_, handed, infos = averager.get_current_state()  # what crosses the pipe to the averager's process
+_, plain, _ = hivemind_state.TrainingStateAverager.get_current_state(averager)  # hivemind's: one each
+
+newcomer = swarm.start_dht(swarm.SwarmConfig(run_id="handover", target_batch_size=8, batch_size_per_step=4,
+                                             initial_peers=[str(a) for a in dht.get_visible_maddrs()]))
+newcomer.add_validators([RSASignatureValidator()])  # the progress records are signed
+deadline = time.monotonic() + 60
+got = None
+while got is None and time.monotonic() < deadline:  # until the peer has declared its state
+    got = prefetch.start(newcomer, "handover", timeout=10).result(timeout=30)
+    time.sleep(0.5)
+assert got is not None, "no state downloaded"
+metadata, tensors = got
+same_shapes = [list(t.shape) for t in tensors] == [list(p.shape) for p in plain]
+errors = [float((t.float() - p.float()).abs().max() / max(float(p.abs().max()), 1e-30)) for t, p in zip(tensors, plain)]
+print(json.dumps(dict(handed=len(handed), infos=len(infos), tensors=len(plain), received=len(tensors),
+                      epoch=metadata["epoch"], shapes=same_shapes,
+                      error=max(errors))))
+opt.shutdown()
+newcomer.shutdown()
+dht.shutdown()
+"""
+
+
+def test_the_state_crosses_to_the_averager_packed_and_reaches_the_newcomer_whole():
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["tensors"] > 10 and got["infos"] == got["tensors"], got  # 6 parameters, 3 Adam tensors each
+    assert got["handed"] == 1, got  # all fp32: one buffer instead of one per tensor
+    assert got["received"] == got["tensors"] and got["shapes"], got
+    assert got["epoch"] >= 3, got
+    assert got["error"] <= 2 ** -8, got  # fp16 parameters, bfloat16 statistics (load_state_compression)
