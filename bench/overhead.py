@@ -78,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="run only one phase (no ratios then); default both",
     )
     p.add_argument("--keep", type=Path, default=None, help="keep the workers' logs in this directory")
+    p.add_argument("--bare-stand-in", action="store_true",
+                   help="the bare loop skips torch._dynamo's import too (engine.no_dynamo, as the worker does)")
     p.add_argument("--bare-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -176,6 +178,10 @@ def bare_child(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     from dedloc_core.engine.recipes import load_recipe
 
+    if args.bare_stand_in:
+        from dedloc_core.engine import no_dynamo
+
+        no_dynamo.install()
     recipe = load_recipe("tiny-lm", parse_model(args.model))
     model = recipe.build_model(seed=0)
     opt = recipe.build_optimizer(model.parameters())
@@ -219,6 +225,7 @@ def bare_child(args: argparse.Namespace) -> int:
                 "main_cores": (main_thread_cpu(me.pid) - main0) / wall,
                 "loss": loss_ema,
                 "params": sum(p.numel() for p in model.parameters()),
+                "dynamo": "torch._dynamo.config" in sys.modules,
             }
         ),
         flush=True,
@@ -241,6 +248,7 @@ def run_bare(args: argparse.Namespace) -> list[dict]:
         str(args.batch),
         "--threads",
         str(args.threads),
+        *(["--bare-stand-in"] if args.bare_stand_in else []),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     procs = [
@@ -468,7 +476,8 @@ def report(bare: list[dict] | None, swarm: dict | None) -> None:
             f"(mean {mean(swarm['sps']):.2f}), peers seen {swarm['num_peers']}"
         )
     if bare:
-        print(f"bare process PSS / USS / RSS      {b['pss'] / mb:.0f} / {b['uss'] / mb:.0f} / {b['rss'] / mb:.0f} MiB")
+        print(f"bare process PSS / USS / RSS      {b['pss'] / mb:.0f} / {b['uss'] / mb:.0f} / {b['rss'] / mb:.0f} MiB"
+              + ("" if b.get("dynamo") else " (torch._dynamo not imported: --bare-stand-in)"))
     if swarm:
         each = ", ".join(f"{n}[{pid}] {p / mb:.0f}/{u / mb:.0f}" for pid, n, p, u in swarm["memory"])
         print(

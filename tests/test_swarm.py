@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import psutil
 import pytest
 from conftest import start_command
 from swarmpeer import SwarmPeer, wait_until
@@ -49,6 +50,11 @@ def test_three_peers_train_together(spawn_worker, corpus_server):
                for p in peers), 240, "global step did not advance by 6 with two rounds joined by every peer")
 
     assert max(p.progress[-1].num_peers for p in peers) >= 2
+    # the training loop runs below its helper processes (limits.training_below_helpers)
+    if hasattr(os, "SCHED_IDLE"):
+        helpers = psutil.Process(first.worker.pid).children(recursive=True)
+        assert os.sched_getscheduler(first.worker.pid) == os.SCHED_IDLE
+        assert helpers and all(os.sched_getscheduler(h.pid) != os.SCHED_IDLE for h in helpers), helpers
     # Peers read different data (different seeds): without gradient averaging their parameters
     # would differ at every epoch. A failed round makes a peer step with local gradients, so most
     # epochs, not all, match.

@@ -42,6 +42,28 @@ def lower_priority(nice: int | None = None) -> None:
         logger.warning("Could not lower the worker's priority: %s", exc)
 
 
+def training_below_helpers() -> int:
+    """Put the training loop (the calling thread), torch's compute threads and the threads the loop
+    starts later below the worker's helper processes (hivemind's DHT and averagers, p2pd, forked
+    before this call and left at the worker's nice level): Linux's SCHED_IDLE, which an unprivileged
+    process may choose for itself. An all-reduce then gets the CPU when it needs it instead of
+    waiting behind the loop that waits for it. The process's other Python threads (the app's
+    commands, pausing) keep their priority. Returns the number of threads changed (0 elsewhere)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_IDLE"):
+        return 0
+    keep = {t.native_id for t in threading.enumerate()} - {threading.get_native_id()}
+    changed = 0
+    for tid in map(int, os.listdir("/proc/self/task")):
+        if tid in keep:
+            continue
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            changed += 1
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return changed
+
+
 def merged(base: Limits, update: Limits) -> Limits:
     """``base`` with the fields that ``update`` sets."""
     return base.merged(update)

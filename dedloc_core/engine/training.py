@@ -133,6 +133,8 @@ class Session:
             state = download
             self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
             self.param_digest = swarm.param_digest
+            if os.environ.get("DEDLOC_IDLE_LOOP", "1") == "1":
+                limits.training_below_helpers()  # its DHT and averagers are forked by now
             clock.lap("optimizer")
             self._catch_up(state)
         self.on_gpu = self._on_gpu()
