@@ -48,7 +48,9 @@ def training_below_helpers() -> int:
     before this call and left at the worker's nice level): Linux's SCHED_IDLE, which an unprivileged
     process may choose for itself. An all-reduce then gets the CPU when it needs it instead of
     waiting behind the loop that waits for it. The process's other Python threads (the app's
-    commands, pausing) keep their priority. Returns the number of threads changed (0 elsewhere)."""
+    commands, pausing) keep their priority. An unprivileged thread cannot leave SCHED_IDLE: helpers
+    that a later session of the same process forks (a rejoin) inherit it and sit level with the
+    loop, as everything did before. Returns the number of threads changed (0 elsewhere)."""
     if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_IDLE"):
         return 0
     keep = {t.native_id for t in threading.enumerate()} - {threading.get_native_id()}
