@@ -121,9 +121,9 @@ class _HandsOverPacked:
     for its tensors through hivemind's pipe; each tensor crosses it as a file descriptor, fetched
     over a socket from a thread of the host that needs the host's interpreter lock: 0.2 s for 150
     tensors on an idle core (1 tensor: 0.01 s), and in the lab 0.4-1.3 s before the first part left
-    a volunteer training on half a core (the demo's state is about 200 tensors). The copy into the
-    buffers is also a snapshot: hivemind sent the live tensors, which the next steps change while
-    they stream. What goes on the wire is unchanged."""
+    a volunteer training on half a core (the demo's state is about 200 tensors). The buffers are a
+    copy taken as the state is handed over (just after hivemind's lock, not under it); hivemind
+    sent the live tensors, which the next steps change while they stream. The wire is unchanged."""
 
     def get_current_state(self):  # the host's side
         metadata, tensors, infos = super().get_current_state()
