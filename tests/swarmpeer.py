@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from dedloc_core.protocol import Error, Progress, State, Stats
 
 
@@ -107,3 +109,15 @@ def start_backbone(experiment: dict, folder: Path, *, http: bool = False, poll: 
         assert proc.poll() is None and time.monotonic() < deadline, (folder / "backbone.log").read_text()[-3000:]
         time.sleep(0.3)
     return proc, json.loads(ready.read_text()), key.read_text().split()[1]
+
+
+def scheduling_classes(pid: int) -> tuple[int | None, list[int]]:
+    """A worker's main thread's scheduling class (its training loop's) and its helper processes'
+    (hivemind's DHT and averagers, p2pd); a helper that ended meanwhile is left out."""
+    def policy(p):
+        try:
+            return os.sched_getscheduler(p)
+        except ProcessLookupError:
+            return None
+    helpers = [policy(h.pid) for h in psutil.Process(pid).children(recursive=True)]
+    return policy(pid), [c for c in helpers if c is not None]

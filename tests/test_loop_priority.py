@@ -71,3 +71,40 @@ def test_without_it_the_helper_shares_the_cpu_with_the_loop():
     got = probe("plain")
     assert not got["main"], got
     assert got["share"] < 0.7, f"the helper got {got['share']:.2f} s of CPU in 1 s beside a normal loop"
+
+
+
+REJOIN = """
+import json, os
+from dedloc_core.engine import hivemind_patches, limits
+
+hivemind_patches.install()
+import hivemind
+
+def fork_class():  # a process forked from the calling thread: its scheduling class
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.write(write, str(os.sched_getscheduler(0)).encode())
+        os._exit(0)
+    os.wait()
+    return int(os.read(read, 8))
+
+first = hivemind.DHT(start=True)  # the first session's helpers, then its loop goes idle
+limits.training_below_helpers()
+second = hivemind.DHT(start=True, initial_peers=first.get_visible_maddrs())  # a rejoin's
+got = dict(first=os.sched_getscheduler(first.pid), second=os.sched_getscheduler(second.pid),
+           direct=fork_class(), idle=os.SCHED_IDLE)
+second.shutdown()
+first.shutdown()
+print(json.dumps(got))
+"""
+
+
+def test_a_rejoins_helpers_are_forked_above_the_idle_loop():
+    """A second session in the worker (a rejoin after a lost relay) starts its DHT and averagers
+    from the idle loop's thread; hivemind_patches forks them above it (``limits.above_the_loop``)."""
+    out = subprocess.run([sys.executable, "-c", REJOIN], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["direct"] == got["idle"], got  # a plain fork from the loop's thread: the loop's class
+    assert got["first"] != got["idle"] and got["second"] != got["idle"], got

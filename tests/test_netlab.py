@@ -3,12 +3,14 @@ a public segment, volunteers behind masquerading home routers. Real workers, rea
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
 import pytest
 from conftest import tiny_experiment
 from netlab.peers import Backbone, Peer, wait_until
+from swarmpeer import scheduling_classes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -126,6 +128,9 @@ def test_cut_link_recovers(netlab, tmp_path):
     if "rejoining the swarm" in log():
         wait_until(peers, lambda: home.progress[-1].reachability == "via relay", 180,
                    "the volunteer did not get a relay reservation back")
+        if hasattr(os, "SCHED_IDLE"):  # the fresh session's helpers are forked above the idle loop
+            loop, helpers = scheduling_classes(home.worker.hello.pid)
+            assert loop == os.SCHED_IDLE and helpers and os.SCHED_IDLE not in helpers, (loop, helpers)
     else:
         assert home.progress[-1].reachability == "via relay", home.describe()
     rounds_before = home.rounds

@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import msgspec
-import psutil
 import pytest
 from conftest import start_command
-from swarmpeer import SwarmPeer, wait_until
+from swarmpeer import SwarmPeer, scheduling_classes, wait_until
 
 from dedloc_core.catalog.model import Experiment
 from dedloc_core.protocol import Pause, Resume
@@ -52,14 +51,9 @@ def test_three_peers_train_together(spawn_worker, corpus_server):
     assert max(p.progress[-1].num_peers for p in peers) >= 2
     # the training loop runs below its helper processes (limits.training_below_helpers)
     if hasattr(os, "SCHED_IDLE"):
-        def policy(pid):
-            try:
-                return os.sched_getscheduler(pid)
-            except ProcessLookupError:  # a helper that ended meanwhile
-                return None
-        helpers = {h.pid: policy(h.pid) for h in psutil.Process(first.worker.pid).children(recursive=True)}
-        assert policy(first.worker.pid) == os.SCHED_IDLE
-        assert helpers and os.SCHED_IDLE not in helpers.values(), helpers
+        loop, helpers = scheduling_classes(first.worker.pid)
+        assert loop == os.SCHED_IDLE
+        assert helpers and os.SCHED_IDLE not in helpers, helpers
     # Peers read different data (different seeds): without gradient averaging their parameters
     # would differ at every epoch. A round that fails or ends partial (a group of two) leaves the
     # peers apart until the next parameter round brings them together, so how many epochs match

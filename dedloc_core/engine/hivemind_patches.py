@@ -108,6 +108,11 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    ``StepControl.allow_retries`` is False once the all-reduce began: the step fails at once and the
    optimizer goes on with its local gradients or parameters. A step that has not found a group yet
    still retries until its deadline.
+13. ``helpers forked above the loop``: the DHT and the averagers start (``mp.Process.start``, the
+   fork) on ``limits.above_the_loop``'s thread. A child inherits its forking thread's scheduling
+   class, and the training loop's thread goes to SCHED_IDLE (``limits.training_below_helpers``),
+   which it cannot leave: a rejoin's session (a lost relay) forked its helpers from there, level
+   with the loop. hivemind's ``signal.signal`` calls stay in the calling thread.
 """
 
 from __future__ import annotations
@@ -171,6 +176,20 @@ def install() -> None:
     from dedloc_core.engine import helper_threads
 
     helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "none"))
+    _patch_fork_above_loop()  # after helper_threads: wraps whichever start it left
+
+
+def _patch_fork_above_loop() -> None:
+    from hivemind.averaging.averager import DecentralizedAverager
+    from hivemind.dht import DHT
+
+    from dedloc_core.engine import limits
+
+    for cls in (DHT, DecentralizedAverager):
+        def start(self, _start=cls.start) -> None:
+            limits.above_the_loop(_start, self)
+
+        cls.start = start
 
 
 _alive: set = set()  # patch 6: tasks not done yet and MPFutures being awaited, in this process

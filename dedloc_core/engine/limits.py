@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import torch
@@ -49,10 +50,12 @@ def training_below_helpers() -> int:
     process may choose for itself. An all-reduce then gets the CPU when it needs it instead of
     waiting behind the loop that waits for it. The process's other Python threads (the app's
     commands, pausing) keep their priority. An unprivileged thread cannot leave SCHED_IDLE: helpers
-    that a later session of the same process forks (a rejoin) inherit it and sit level with the
-    loop, as everything did before. Returns the number of threads changed (0 elsewhere)."""
+    that a later session of the same process forks (a rejoin) would inherit it, so hivemind's are
+    forked on ``above_the_loop``'s thread (``hivemind_patches``, patch 13). Returns the number of
+    threads changed (0 elsewhere)."""
     if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_IDLE"):
         return 0
+    _launcher()  # its thread exists before the switch, so it keeps the worker's class
     keep = {t.native_id for t in threading.enumerate()} - {threading.get_native_id()}
     changed = 0
     for tid in map(int, os.listdir("/proc/self/task")):
@@ -64,6 +67,34 @@ def training_below_helpers() -> int:
         except OSError:  # a thread that ended meanwhile
             pass
     return changed
+
+
+def above_the_loop(fn: Callable, /, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on a thread that ``training_below_helpers`` leaves at the worker's
+    class; its result or exception. For what forks helper processes (hivemind's DHT, averagers):
+    a child inherits its forking thread's class, and the loop's thread cannot leave SCHED_IDLE, so
+    a rejoin's helpers forked there would sit level with the loop. The children's parent-death
+    signal (``hivemind_patches``) follows this thread, which lives as long as the process."""
+    pool = _launcher()
+    if threading.current_thread().name.startswith(LAUNCHER):
+        return fn(*args, **kwargs)  # already there (a helper started from another's start)
+    return pool.submit(fn, *args, **kwargs).result()
+
+
+LAUNCHER = "helper-launcher"
+
+
+_launcher_pool: ThreadPoolExecutor | None = None
+_launcher_lock = threading.Lock()
+
+
+def _launcher() -> ThreadPoolExecutor:
+    global _launcher_pool
+    with _launcher_lock:
+        if _launcher_pool is None:
+            _launcher_pool = ThreadPoolExecutor(1, thread_name_prefix=LAUNCHER)
+            _launcher_pool.submit(int).result()  # its one thread starts now, at the caller's class
+        return _launcher_pool
 
 
 def merged(base: Limits, update: Limits) -> Limits:
