@@ -15,16 +15,15 @@ import sys, time
 from functools import partial
 import hivemind, torch
 from hivemind.optim.progress_tracker import ProgressTracker
-from dedloc_core.engine import hivemind_patches, swarm
-hivemind_patches.install()
+from dedloc_core.engine import swarm
+from tests.probes import FAST_TRACKER, two_dhts
 
 run_id = "catch_up_probe"
-first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-other = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
+first, other = two_dhts()
 opt = swarm.RoundCountingOptimizer(
     dht=first, run_id=run_id, params=torch.nn.Linear(4, 2).parameters(), optimizer=partial(torch.optim.SGD, lr=0.1),
     target_batch_size=1000, batch_size_per_step=1, verbose=False,
-    tracker_opts=dict(min_refresh_period=0.2, max_refresh_period=0.5, default_refresh_period=0.2))
+    tracker_opts=FAST_TRACKER)
 if sys.argv[1] == "plain":  # hivemind's own check
     swarm.RoundCountingOptimizer._should_load_state_from_peers = hivemind.Optimizer._should_load_state_from_peers
 opt.load_state_from_peers()  # the swarm is at step 0 while we load

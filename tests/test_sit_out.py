@@ -20,18 +20,17 @@ from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 from hivemind.utils.mpfuture import MPFuture
-from dedloc_core.engine import hivemind_patches, swarm
-hivemind_patches.install()
+from dedloc_core.engine import swarm
+from tests.probes import FAST_TRACKER, two_dhts
 
 run_id = "sit_out_probe"
-first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-other = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
+first, other = two_dhts()
 model = torch.nn.Linear(4, 2)
 opt = swarm.RoundCountingOptimizer(
     dht=first, run_id=run_id, params=model.parameters(), optimizer=partial(torch.optim.SGD, lr=0.1),
     target_batch_size=1000, batch_size_per_step=4, averaging_timeout=5.0, matchmaking_time=1.0, verbose=False,
     offload_optimizer=True, delay_optimizer_step=True, delay_grad_averaging=True, delay_state_averaging=True,
-    tracker_opts=dict(min_refresh_period=0.2, max_refresh_period=0.5, default_refresh_period=0.2))
+    tracker_opts=FAST_TRACKER)
 if sys.argv[1] == "plain":  # hivemind's own step
     swarm.RoundCountingOptimizer._update_global_epoch = hivemind.Optimizer._update_global_epoch
 swarm_peer = ProgressTracker(dht=other, prefix=run_id, target_batch_size=1000, start=True)  # another peer

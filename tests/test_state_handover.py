@@ -17,20 +17,11 @@ import torch
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.optim import state_averager as hivemind_state
 from dedloc_core.engine import prefetch, swarm
+from tests.probes import lone_optimizer
 
-class Recipe:
-    build_scheduler = None
-    @staticmethod
-    def build_optimizer(params):
-        return torch.optim.AdamW(params, lr=1e-2)
-
-swarm.prepare_process()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
-cfg = swarm.SwarmConfig(run_id="handover", target_batch_size=8, batch_size_per_step=4, overlap=False,
-                        matchmaking_time=0.5, averaging_timeout=5.0)
-dht = swarm.start_dht(cfg)
-opt = swarm.build_optimizer(dht, cfg, model, Recipe)
+dht, opt = lone_optimizer("handover", model, lr=1e-2, overlap=False, target_batch_size=8)
 while opt.local_epoch < 3:  # a lone peer's steps: a state with Adam's statistics, at step 3
     model(torch.randn(4, 16)).square().mean().backward()
     opt.step()
