@@ -34,22 +34,12 @@ print(json.dumps(dict(stand_in=no_dynamo.installed(), real=real,
 
 SWARM = """
 import json, sys
-from dedloc_core.engine import no_dynamo, swarm
-
-class Recipe:
-    build_scheduler = None
-    @staticmethod
-    def build_optimizer(params):
-        import torch
-        return torch.optim.AdamW(params, lr=1e-3)
-
+from dedloc_core.engine import no_dynamo, swarm  # the stand-in goes in with swarm, before torch.optim is used
 import torch
-swarm.prepare_process()
+from tests.probes import lone_optimizer
+
 model = torch.nn.Linear(8, 8)
-cfg = swarm.SwarmConfig(run_id="no_dynamo", target_batch_size=16, batch_size_per_step=4, overlap=True,
-                        matchmaking_time=0.5, averaging_timeout=5.0)
-dht = swarm.start_dht(cfg)
-opt = swarm.build_optimizer(dht, cfg, model, Recipe)
+dht, opt = lone_optimizer("no_dynamo", model, lr=1e-3, overlap=True, target_batch_size=16)
 for _ in range(6):  # a lone peer: local steps through hivemind's Optimizer, background step included
     model(torch.randn(4, 8)).square().mean().backward()
     opt.step()
@@ -72,6 +62,26 @@ reset = torch._dynamo.reset  # a name the stand-in does not have
 reset()
 print(json.dumps(dict(first=first, after_submodule=after_submodule,
                       real=type(sys.modules["torch._dynamo"]).__name__, config=hasattr(torch._dynamo, "config"))))
+"""
+
+RACE = """
+import json, threading
+import torch
+from dedloc_core.engine import no_dynamo
+no_dynamo.install()
+stand_in = torch._dynamo
+start = threading.Barrier(6)
+got, errors = [], []
+def ask():  # six threads ask the stand-in for a name it does not have, at once
+    start.wait()
+    try:
+        got.append(stand_in.reset is not None)
+    except Exception as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=ask) for _ in range(6)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(dict(got=len(got), errors=errors)))
 """
 
 
@@ -97,3 +107,8 @@ def test_hivemind_optimizer_runs_on_the_stand_in():
 def test_anything_else_gets_the_real_module():
     got = run(FALLBACK)
     assert got == dict(first=True, after_submodule=False, real="module", config=True), got
+
+
+def test_threads_asking_at_once_all_get_the_whole_real_module():
+    got = run(RACE)
+    assert got == dict(got=6, errors=[]), got  # none got a half-imported module

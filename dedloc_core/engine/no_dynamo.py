@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import types
 
 NAME = "torch._dynamo"
@@ -50,16 +51,20 @@ def install() -> None:
 
 
 def real() -> types.ModuleType:
-    """Import the real torch._dynamo in the stand-in's place and return it."""
-    module = sys.modules.get(NAME)
-    if module is not None and not isinstance(module, _StandIn):
-        return module
-    import torch
+    """Import the real torch._dynamo in the stand-in's place and return it. From any thread: one
+    that asks while another imports it waits for the whole module (importlib's module lock), not a
+    half-initialized one from ``sys.modules``."""
+    with _swap:
+        if isinstance(sys.modules.get(NAME), _StandIn):
+            import torch
 
-    sys.modules.pop(NAME, None)
-    if isinstance(torch.__dict__.get("_dynamo"), _StandIn):
-        del torch._dynamo
+            del sys.modules[NAME]
+            if isinstance(torch.__dict__.get("_dynamo"), _StandIn):
+                del torch._dynamo
     return importlib.import_module(NAME)
+
+
+_swap = threading.Lock()
 
 
 def installed() -> bool:
