@@ -22,8 +22,10 @@ against the bare loop's in the same CPU group: the worker's own cost per sample.
 
 Rows, over the window between the first and the last global step:
 - swarm samples/s: the samples all volunteers computed (their ``stats`` events) / wall time;
-- solo samples/s: the sum of the volunteers' solo rates (step 1, alone);
-- utilization: swarm / solo;
+- solo samples/s: the sum of the volunteers' solo rates (alone) just before the mode and just after
+  it (measured again after every mode: this VM's speed moved 30 % within minutes, which a single
+  measurement at the start carried into every column);
+- utilization: swarm / the mean of those two;
 - step s: wall time per global step; round s: mean time per averaging round (``averaging_seconds``
   / ``rounds``; includes matchmaking; with overlap it runs beside training);
 - bytes/sample: bytes sent on the volunteers' own interfaces (headers included) / samples;
@@ -82,14 +84,15 @@ def param_count() -> int:
     return sum(p.numel() for p in load_recipe("tiny-lm", RECIPE).build_model().parameters())
 
 
-def measure_solo(args) -> dict:
-    """Step 1: the volunteers' solo rates, alone and together, in their CPU groups."""
+def measure_solo(args, together: bool = True) -> dict:
+    """Step 1: the volunteers' solo rates, alone and together, in their CPU groups (after each mode:
+    alone only)."""
     exp = experiment("solo", 256, 1.0, False)
     with Lab() as lab:
         hosts = [lab.public(f"s{i}", cpu=args.cpu) for i in range(args.volunteers)]
         alone = solo_rates(lab, hosts, exp, args.solo_seconds)
-        together = solo_rates(lab, hosts, exp, args.solo_seconds, together=True)
-    return {"alone": alone, "together": together}
+        both = solo_rates(lab, hosts, exp, args.solo_seconds, together=True) if together else []
+    return {"alone": alone, "together": both}
 
 
 def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> dict:
@@ -251,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
 
     results: dict[str, dict | str] = {}
+    before = solo_sum
     for name, opts in MODES.items():
         if args.modes and not any(m.strip() and m.strip() in name for m in args.modes.split(",")):
             continue
@@ -260,12 +264,18 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = run_mode(name, opts, args, pace, Path(folder))
             except Exception as exc:  # noqa: BLE001 - one failed mode is a column, not the end
                 results[name] = f"invalid ({str(exc).splitlines()[0][:70]})"
+        after = sum(measure_solo(args, together=False)["alone"])
+        if isinstance(results[name], dict):
+            results[name]["solo"] = (before, after)
+        before = after
         print(f"# {name}: {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
 
     valid = {n: r for n, r in results.items() if isinstance(r, dict)}
     common = min((r["history"][-1][0] for r in valid.values() if r["history"]), default=0)
-    rows = [("swarm samples/s", lambda r: f"{r['swarm']:.1f}"), ("solo samples/s", lambda r: f"{solo_sum:.1f}"),
-            ("utilization", lambda r: f"{r['swarm'] / solo_sum:.2f}"), ("step s", lambda r: f"{r['step']:.2f}"),
+    solo_of = lambda r: sum(r["solo"]) / 2  # noqa: E731 - before and after the mode
+    rows = [("swarm samples/s", lambda r: f"{r['swarm']:.1f}"),
+            ("solo samples/s", lambda r: f"{r['solo'][0]:.0f} / {r['solo'][1]:.0f}"),
+            ("utilization", lambda r: f"{r['swarm'] / solo_of(r):.2f}"), ("step s", lambda r: f"{r['step']:.2f}"),
             ("round s", lambda r: f"{r['round']:.2f}"), ("bytes/sample", lambda r: f"{r['bps']:.0f}"),
             ("  of which to backbone", lambda r: f"{r['bb_bps']:.0f}"),
             ("cores: worker", lambda r: f"{r['cpu']['worker']:.3f}"),
@@ -273,13 +283,13 @@ def main(argv: list[str] | None = None) -> int:
             ("  of which the rest", lambda r: f"{r['cpu']['rest']:.3f}"),
             ("cores: p2pd", lambda r: f"{r['cpu']['p2pd']:.3f}"),
             ("loop in step/batch", lambda r: f"{r['busy']:.2f}"),
-            ("loop efficiency", lambda r: f"{r['swarm'] * args.cpu / (r['cpu']['loop'] * solo_sum):.2f}"),
+            ("loop efficiency", lambda r: f"{r['swarm'] * args.cpu / (r['cpu']['loop'] * solo_of(r)):.2f}"),
             (f"loss @ {common} samples", lambda r: f"{loss_at(r['history'], common):.4f}"),
             ("failed msgs", lambda r: str(r["failed"]))]
     print(f"{'':24}" + "".join(f"{n:>20}" for n in results))
     for label, cell in rows:
         print(f"{label:24}" + "".join(f"{cell(r) if isinstance(r, dict) else r[:19]:>20}" for r in results.values()))
-    best = max((r["swarm"] / solo_sum for r in valid.values()), default=0.0)
+    best = max((r["swarm"] / solo_of(r) for r in valid.values()), default=0.0)
     if len(valid) == 2:
         a, b = (loss_at(r["history"], common) for r in valid.values())
         print(f"loss ours / defaults at {common} samples: {b / a:.3f}")
