@@ -108,3 +108,22 @@ def test_a_rejoins_helpers_are_forked_above_the_idle_loop():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["direct"] == got["idle"], got  # a plain fork from the loop's thread: the loop's class
     assert got["first"] != got["idle"] and got["second"] != got["idle"], got
+
+
+FORKED = """
+import os, signal
+from dedloc_core.engine import limits
+limits.above_the_loop(int)  # the launcher's thread exists
+child = os.fork()  # from another thread than the launcher: the child has no launcher thread
+if child == 0:
+    signal.alarm(10)  # a submit to the parent's pool would wait forever
+    os._exit(0 if limits.above_the_loop(os.getpid) == os.getpid() else 1)
+_, status = os.waitpid(child, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_process_forked_after_the_launcher_gets_its_own():
+    out = subprocess.run([sys.executable, "-c", FORKED], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == "0", out.stdout  # -14: the child hung until its alarm

@@ -75,10 +75,9 @@ def above_the_loop(fn: Callable, /, *args, **kwargs):
     a child inherits its forking thread's class, and the loop's thread cannot leave SCHED_IDLE, so
     a rejoin's helpers forked there would sit level with the loop. The children's parent-death
     signal (``hivemind_patches``) follows this thread, which lives as long as the process."""
-    pool = _launcher()
     if threading.current_thread().name.startswith(LAUNCHER):
-        return fn(*args, **kwargs)  # already there (a helper started from another's start)
-    return pool.submit(fn, *args, **kwargs).result()
+        return fn(*args, **kwargs)  # already there (or in a process forked from there)
+    return _launcher().submit(fn, *args, **kwargs).result()
 
 
 LAUNCHER = "helper-launcher"
@@ -95,6 +94,16 @@ def _launcher() -> ThreadPoolExecutor:
             _launcher_pool = ThreadPoolExecutor(1, thread_name_prefix=LAUNCHER)
             _launcher_pool.submit(int).result()  # its one thread starts now, at the caller's class
         return _launcher_pool
+
+
+def _forget_launcher() -> None:
+    """In a forked child: the pool's thread stayed in the parent (a submit would wait forever)."""
+    global _launcher_pool, _launcher_lock
+    _launcher_pool, _launcher_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_launcher)
 
 
 def merged(base: Limits, update: Limits) -> Limits:
