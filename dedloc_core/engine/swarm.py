@@ -227,7 +227,8 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
         state_averaging_compression=Float16Compression(),
         load_state_compression=load_state_compression(),
         grad_averager_factory=partial(StatelessGradientAverager, request_timeout=1.0,
-                                      round_timeout=cfg.averaging_timeout, **grad_opts),
+                                      round_timeout=cfg.averaging_timeout, accumulate_in_grads=cfg.overlap,
+                                      **grad_opts),
         averager_opts=averager_opts,
         **overlap_options(cfg),
         tracker_opts=dict(
@@ -314,10 +315,22 @@ class StatelessGradientAverager(GradientAverager):
     A round begun without a pre-scheduled group (hivemind.Optimizer passes no timeout then) gets
     ``round_timeout`` (the optimizer's averaging timeout) instead of none: without a deadline it retried
     matchmaking until some group formed, long after the optimizer had gone on with local gradients,
-    and held the averager's matchmaking from the next steps' rounds meanwhile."""
+    and held the averager's matchmaking from the next steps' rounds meanwhile.
 
-    def __init__(self, parameters, *args, start: bool = False, round_timeout: float | None = None, **kwargs):
+    ``accumulate_in_grads`` (with an offloaded optimizer, which never writes the parameters' ``.grad``):
+    a step's micro-batches add up in ``.grad`` as backward leaves them, and go to the accumulators
+    once, when the step's end reads them (``flush_grads_``, in the training loop's thread), instead
+    of one copy per micro-batch plus the loop's ``zero_grad`` (5 % of a lone worker's loop,
+    ``bench/swarm_netlab.py --lone``). Micro-batches weigh the same (hivemind weighs them by size;
+    the worker's are all ``batch_size_per_step``)."""
+
+    _pending = False  # .grad holds micro-batches the accumulators do not have yet
+    _loop_thread: int | None = None  # the thread that accumulates (only it may touch .grad)
+
+    def __init__(self, parameters, *args, start: bool = False, round_timeout: float | None = None,
+                 accumulate_in_grads: bool = False, **kwargs):
         self.round_timeout = round_timeout
+        self.accumulate_in_grads = accumulate_in_grads
         parameters = tuple(parameters)
         with torch.no_grad():
             for param in parameters:
@@ -332,6 +345,40 @@ class StatelessGradientAverager(GradientAverager):
 
     def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
         return None
+
+    @torch.no_grad()
+    def accumulate_grads_(self, batch_size: int):
+        if not self.accumulate_in_grads:
+            return super().accumulate_grads_(batch_size)
+        self._loop_thread = threading.get_ident()
+        if self._anchor_batch_size is None:
+            self._anchor_batch_size = batch_size
+        self._accumulators_used_in_step = False
+        self.local_samples_accumulated += batch_size
+        self.local_times_accumulated += 1
+        self._pending = True
+
+    @torch.no_grad()
+    def flush_grads_(self) -> None:
+        """Move the micro-batches in ``.grad`` to the accumulators (and zero ``.grad``): only from
+        the training loop's thread, which is the only one that writes ``.grad``."""
+        if not self._pending or threading.get_ident() != self._loop_thread:
+            return
+        grads, accumulators = list(self._grads_from_parameters()), list(self._grad_accumulators())
+        torch._foreach_add_(accumulators, grads)
+        torch._foreach_zero_(grads)
+        self._pending = False
+
+    def load_accumulators_into_averager_(self):
+        self.flush_grads_()
+        super().load_accumulators_into_averager_()
+
+    @torch.no_grad()
+    def reset_accumulated_grads_(self):
+        super().reset_accumulated_grads_()
+        if self._pending and threading.get_ident() == self._loop_thread:  # drop them, as hivemind does
+            torch._foreach_zero_(list(self._grads_from_parameters()))
+            self._pending = False
 
     def schedule_step(self, scheduled_time=None, **kwargs):
         if kwargs.get("timeout") is None and self.round_timeout is not None:  # hivemind: deadline > scheduled time
@@ -478,6 +525,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             self.scheduled_grads = None
         if self.delay_grad_averaging:
             ga = self.grad_averager
+            if isinstance(ga, StatelessGradientAverager):
+                ga.flush_grads_()
             scale = 1.0 / ga.local_times_accumulated if ga.local_times_accumulated else 0.0
             with torch.no_grad():
                 self._local_grads = [acc.detach().clone().mul_(scale) for acc in ga._grad_accumulators()]
@@ -488,7 +537,11 @@ class RoundCountingOptimizer(hivemind.Optimizer):
 
     def zero_grad(self, set_to_none: bool = False):
         """Zeroes the gradients in place by default: they sit in shared memory, shared with the
-        gradient averager's process (``StatelessGradientAverager``); new ones would be private again."""
+        gradient averager's process (``StatelessGradientAverager``); new ones would be private again.
+        Nothing to do while the averager accumulates in ``.grad``: they are the step's gradients so
+        far, and it zeroes them when it takes them."""
+        if getattr(self.grad_averager, "accumulate_in_grads", False):
+            return
         super().zero_grad(set_to_none=set_to_none)
 
     def _load_local_gradients_into_optimizer(self):
