@@ -84,15 +84,15 @@ def param_count() -> int:
     return sum(p.numel() for p in load_recipe("tiny-lm", RECIPE).build_model().parameters())
 
 
-def measure_solo(args, together: bool = True) -> dict:
-    """Step 1: the volunteers' solo rates, alone and together, in their CPU groups (after each mode:
-    alone only)."""
+def measure_solo(args, together: bool = True) -> tuple[list[float], list[float] | None]:
+    """Step 1: the volunteers' solo rates in their CPU groups, ``(alone, together)``; after each
+    mode only alone (``together=False``: None)."""
     exp = experiment("solo", 256, 1.0, False)
     with Lab() as lab:
         hosts = [lab.public(f"s{i}", cpu=args.cpu) for i in range(args.volunteers)]
         alone = solo_rates(lab, hosts, exp, args.solo_seconds)
-        both = solo_rates(lab, hosts, exp, args.solo_seconds, together=True) if together else []
-    return {"alone": alone, "together": both}
+        both = solo_rates(lab, hosts, exp, args.solo_seconds, together=True) if together else None
+    return alone, both
 
 
 def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> dict:
@@ -239,15 +239,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{rate:.1f} samples/s\nlone worker / solo: {rate / solo:.2f}")
         return 0
 
-    solo = measure_solo(args)
-    solo_sum = sum(solo["alone"])
+    alone, together = measure_solo(args)
+    solo_sum = sum(alone)
     profile = PROFILE[: args.volunteers]
     round_est = pacing.round_seconds(param_count(), min(m for m, _ in profile), 2 * max(d for _, d in profile) / 1000)
     pace = pacing.pace(solo_sum, round_est, headroom=args.headroom, multiple=64)
     if args.target_batch:
         pace = pacing.Pace(args.target_batch, pace.matchmaking_time, args.target_batch / solo_sum)
     print("node   cpu quota  solo sps alone  solo sps together")
-    for i, (a, t) in enumerate(zip(solo["alone"], solo["together"], strict=True)):
+    for i, (a, t) in enumerate(zip(alone, together or [], strict=True)):
         print(f"v{i}     {args.cpu:9.2f}  {a:14.1f}  {t:17.1f}")
     print(f"pacing: swarm solo {solo_sum:.0f} samples/s, estimated round {round_est:.2f} s -> target batch "
           f"{pace.target_batch_size} ({pace.step_seconds:.1f} s a step), matchmaking {pace.matchmaking_time} s",
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = run_mode(name, opts, args, pace, Path(folder))
             except Exception as exc:  # noqa: BLE001 - one failed mode is a column, not the end
                 results[name] = f"invalid ({str(exc).splitlines()[0][:70]})"
-        after = sum(measure_solo(args, together=False)["alone"])
+        after = sum(measure_solo(args, together=False)[0])
         if isinstance(results[name], dict):
             results[name]["solo"] = (before, after)
         before = after

@@ -320,9 +320,9 @@ class StatelessGradientAverager(GradientAverager):
     ``accumulate_in_grads`` (with an offloaded optimizer, which never writes the parameters' ``.grad``):
     a step's micro-batches add up in ``.grad`` as backward leaves them, and go to the accumulators
     once, when the step's end reads them (``flush_grads_``, in the training loop's thread), instead
-    of one copy per micro-batch plus the loop's ``zero_grad`` (5 % of a lone worker's loop,
-    ``bench/swarm_netlab.py --lone``). Micro-batches weigh the same (hivemind weighs them by size;
-    the worker's are all ``batch_size_per_step``)."""
+    of one copy per micro-batch plus the loop's ``zero_grad`` (5 % of the loop's CPU per micro-batch,
+    ``bench/accumulate.py``). Micro-batches weigh the same (hivemind weighs them by size; the
+    worker's are all ``batch_size_per_step``)."""
 
     _pending = False  # .grad holds micro-batches the accumulators do not have yet
     _loop_thread: int | None = None  # the thread that accumulates (only it may touch .grad)
@@ -365,7 +365,11 @@ class StatelessGradientAverager(GradientAverager):
         if not self._pending or threading.get_ident() != self._loop_thread:
             return
         grads, accumulators = list(self._grads_from_parameters()), list(self._grad_accumulators())
-        torch._foreach_add_(accumulators, grads)
+        if all(g.device == a.device for g, a in zip(grads, accumulators, strict=True)):
+            torch._foreach_add_(accumulators, grads)
+        else:  # accumulators on another device (hivemind's accumulate_grads_on)
+            for grad, accumulator in zip(grads, accumulators, strict=True):
+                accumulator.add_(grad.to(accumulator.device))
         torch._foreach_zero_(grads)
         self._pending = False
 
