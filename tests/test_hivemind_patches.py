@@ -1,8 +1,8 @@
 """hivemind_patches patch 6: tasks nobody keeps and the MPFutures they await survive garbage collection,
 and so does the task serving a connection to a unix-socket server; patch 9: an averager renews its
-state record before the record expires; patch 10: a cancelled averaging step reads cancelled by the
-time the averager hears of the cancel; patch 12: a step whose all-reduce ran and failed is not run
-again."""
+state record before the record expires, and does not store it again for each averaged tensor;
+patch 10: a cancelled averaging step reads cancelled by the time the averager hears of the cancel;
+patch 12: a step whose all-reduce ran and failed is not run again."""
 
 from __future__ import annotations
 
@@ -116,6 +116,65 @@ def test_a_state_record_is_renewed_while_it_still_has_half_its_life():
 def test_without_the_patch_a_state_record_is_renewed_only_as_it_expires():
     least, _ = renewals("plain")
     assert least < 0.3, least
+
+
+# Patch 9: how often two averagers store their state records while they run 3 all-reduce rounds of
+# 24 tensors (hivemind's all-reduce wakes the record's loop after every averaged tensor). The
+# stores are counted in the averagers' processes (forked after the count is set up).
+ROUND_RECORDS = """
+import multiprocessing as mp, sys, threading, time
+import torch, hivemind
+from hivemind.averaging import DecentralizedAverager
+if sys.argv[1] == "patched":
+    from dedloc_core.engine import hivemind_patches
+    hivemind_patches.install()
+stores = mp.Value("i", 0)
+store = hivemind.DHT.store
+def counted(self, key, *args, **kwargs):
+    if str(key).endswith(".all_averagers"):
+        with stores.get_lock():
+            stores.value += 1
+    return store(self, key, *args, **kwargs)
+hivemind.DHT.store = counted
+first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
+averagers = [DecentralizedAverager([torch.randn(16) for _ in range(24)], dht, prefix="rounds", start=True,
+                                   target_group_size=2, min_matchmaking_time=1.0, request_timeout=0.5)
+             for dht in (first, second)]
+time.sleep(1.0)
+before, rounds = stores.value, 0
+for _ in range(3):
+    controls = [a.step(wait=False, timeout=10) for a in averagers]
+    rounds += all(c.result(20) is not None for c in controls)
+time.sleep(1.0)
+found = second.get("rounds.all_averagers", latest=True)
+records = len(found.value) if found is not None else 0
+print(rounds, stores.value - before, records)
+for a in averagers:
+    a.shutdown()
+second.shutdown(); first.shutdown()
+"""
+
+
+def round_records(mode: str) -> tuple[int, int, int]:
+    out = subprocess.run([sys.executable, "-c", ROUND_RECORDS, mode], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rounds, stores, records = out.stdout.split()
+    return int(rounds), int(stores), int(records)
+
+
+def test_all_reduce_rounds_do_not_store_the_state_record_again():
+    rounds, stores, records = round_records("patched")
+    assert rounds == 3
+    assert stores == 0, f"{stores} state-record stores during 3 rounds (nothing in the record changed)"
+    assert records == 2  # both averagers still declared
+
+
+def test_without_the_patch_every_averaged_tensor_stores_the_record_again():
+    rounds, stores, _ = round_records("plain")
+    assert rounds == 3
+    assert stores >= 3 * 2 * 4, stores  # hivemind: a wake per averaged tensor, a store per wake
 
 
 # How p2pd hands a peer's stream to our handlers: a connection to a unix-socket server. Its handler

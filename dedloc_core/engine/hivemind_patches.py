@@ -84,6 +84,11 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    gone: a newcomer that looks then finds no peer to load the state from and starts from scratch
    (most likely what CI saw: a DiLoCo newcomer whose only source was the backbone started at round 0, not 3). Now the
    record is renewed halfway through its lifetime; a peer that left still drops out within one period.
+   The same loop also stored the record again each time its event woke it, and hivemind's all-reduce
+   sets that event after every averaged tensor: a gradient round of the netlab's tiny-lm stored it
+   about 20 times in 0.1 s (2.5 stores a second per volunteer, each a DHT search and a store to
+   every node, counted in ``bench/swarm_netlab.py``'s DHT traffic). Now it is stored only when what it
+   says changes (sharing allowed, the priority) or when it is due for renewal.
 10. ``a cancelled step stays cancelled``: ``StepControl.cancel`` (``averaging/control.py``) tells the
    averager first (its trigger and cancel futures) and sets its own state to cancelled last. The
    averager's ``_step`` (``averaging/averager.py``) wakes on that news and reads ``step.cancelled()``,
@@ -659,26 +664,32 @@ def _patch_invite_gate() -> None:
 
 
 def _patch_state_declarations() -> None:
-    """Patch 9 (see the module docstring): hivemind's loop, renewing at half the record's lifetime."""
+    """Patch 9 (see the module docstring): hivemind's loop, renewing at half the record's lifetime and
+    storing the record only when it changes or is due."""
     from hivemind.averaging import averager
     from hivemind.utils import get_dht_time
 
     async def _declare_for_download_periodically(self):
         download_key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"
-        sharing_was_allowed = self.allow_state_sharing
+        declared: tuple | None = None  # (allowed, priority) in the record last stored
+        renew_at = float("inf")
         while True:
-            expiration_time = get_dht_time() + self.declare_state_period
-            if self.allow_state_sharing or sharing_was_allowed:
+            allowed = self.allow_state_sharing
+            wanted = (allowed, self.state_sharing_priority if allowed else None)
+            # a changed declaration, or a record at half its life; a switch-off is stored once (None)
+            if (allowed or (declared is not None and declared[0])) and (wanted != declared
+                                                                        or get_dht_time() >= renew_at - 0.01):
+                expiration_time = get_dht_time() + self.declare_state_period
                 asyncio.create_task(asyncio.wait_for(
-                    self.dht.store(download_key, subkey=self.peer_id.to_bytes(),
-                                   value=self.state_sharing_priority if self.allow_state_sharing else None,
+                    self.dht.store(download_key, subkey=self.peer_id.to_bytes(), value=wanted[1],
                                    expiration_time=expiration_time, return_future=True),
                     timeout=expiration_time - get_dht_time()))
-                sharing_was_allowed = self.allow_state_sharing
+                declared = wanted
+                renew_at = expiration_time - self.declare_state_period / 2 if allowed else float("inf")
             self._state_updated.clear()
-            renew_at = expiration_time - self.declare_state_period / 2
+            wait = min(renew_at, get_dht_time() + self.declare_state_period) - get_dht_time()
             try:
-                await asyncio.wait_for(self._state_updated.wait(), timeout=max(0.0, renew_at - get_dht_time()))
+                await asyncio.wait_for(self._state_updated.wait(), timeout=max(0.0, wait))
             except TimeoutError:
                 pass
 
