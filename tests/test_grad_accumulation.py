@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
-import json, sys, torch
+import dataclasses, json, sys, torch
 from dedloc_core.engine import swarm
 
 class Recipe:
@@ -50,8 +50,7 @@ want = [sum(ts) / 2 for ts in zip(grads(batches[0]), grads(batches[1]))]
 micro(batches[0])
 micro(batches[1])
 in_grads = [p.grad.clone() for p in model.parameters()]
-opt.tracker.global_progress = opt.tracker.global_progress.__class__(
-    **{**opt.tracker.global_progress.__dict__, "num_peers": 2})
+opt.tracker.global_progress = dataclasses.replace(opt.tracker.global_progress, num_peers=2)
 began = opt._begin_averaging_gradients(None)
 local = [t.clone() for t in opt._local_grads] if opt._local_grads is not None else None
 if opt.scheduled_grads is not None:
@@ -64,8 +63,7 @@ opt.grad_averager.reset_accumulated_grads_()
 
 # 3. a lone peer's whole step (3 micro-batches of 4 = the target batch): SGD at lr 1 moves the
 # parameters by the mean of the 3 gradients
-opt.tracker.global_progress = opt.tracker.global_progress.__class__(
-    **{**opt.tracker.global_progress.__dict__, "num_peers": 1})
+opt.tracker.global_progress = dataclasses.replace(opt.tracker.global_progress, num_peers=1)
 before = [p.detach().clone() for p in model.parameters()]
 step_want = [sum(ts) / 3 for ts in zip(*(grads(x) for x in batches[1:4]))]
 epoch = opt.local_epoch
