@@ -177,6 +177,103 @@ def test_without_the_patch_every_averaged_tensor_stores_the_record_again():
     assert stores >= 3 * 2 * 4, stores  # hivemind: a wake per averaged tensor, a store per wake
 
 
+# Patch 14: how often a lone averager fetches its group key's averagers from the DHT while it looks
+# for a group for 4 s (nobody else there: hivemind fetches again as soon as a fetch returns).
+LEADER_POLL = """
+import multiprocessing as mp, sys, time
+import torch, hivemind
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.key_manager import GroupKeyManager
+if sys.argv[1] == "patched":
+    from dedloc_core.engine import hivemind_patches
+    hivemind_patches.install()
+fetches = mp.Value("i", 0)
+get_averagers = GroupKeyManager.get_averagers
+async def counted(self, *args, **kwargs):
+    with fetches.get_lock():
+        fetches.value += 1
+    return await get_averagers(self, *args, **kwargs)
+GroupKeyManager.get_averagers = counted
+dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+averager = DecentralizedAverager([torch.randn(16)], dht, prefix="poll", start=True, target_group_size=2,
+                                 min_matchmaking_time=4.0, request_timeout=0.5)
+t0 = time.monotonic()
+try:
+    averager.step(timeout=4.0)
+except Exception as exc:
+    print(type(exc).__name__, file=sys.stderr)
+print(fetches.value, time.monotonic() - t0)
+averager.shutdown()
+dht.shutdown()
+"""
+
+
+def leader_fetches(mode: str) -> tuple[int, float]:
+    out = subprocess.run([sys.executable, "-c", LEADER_POLL, mode], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    fetches, seconds = out.stdout.split()
+    return int(fetches), float(seconds)
+
+
+def test_a_search_for_a_group_fetches_the_averagers_at_a_pace():
+    from dedloc_core.engine.hivemind_patches import LEADER_POLL_SECONDS
+
+    fetches, seconds = leader_fetches("patched")
+    assert seconds >= 3.5  # it searched for its whole matchmaking time
+    assert 2 <= fetches <= seconds / LEADER_POLL_SECONDS + 2, (fetches, seconds)
+
+
+def test_without_the_patch_a_search_fetches_the_averagers_back_to_back():
+    fetches, seconds = leader_fetches("plain")
+    assert seconds >= 3.5
+    assert fetches >= 10 * seconds / 0.5, (fetches, seconds)  # far above the patch's pace
+
+
+# Patch 15: how many writes (each a send on p2pd's unix socket) a unary call's request takes, and
+# that the daemon's reader gets the same message back.
+WRITES = """
+import asyncio, socket, sys
+from hivemind.p2p.p2p_daemon_bindings import control
+from hivemind.p2p.p2p_daemon_bindings.utils import read_pbmsg_safe
+from hivemind.proto import p2pd_pb2 as pb
+if sys.argv[1] == "patched":
+    from dedloc_core.engine import hivemind_patches
+    hivemind_patches.install()
+
+async def main():
+    left, right = socket.socketpair()
+    reader, keep = await asyncio.open_connection(sock=right)  # its writer holds the socket open
+    _, writer = await asyncio.open_connection(sock=left)
+    sends, write = [], writer.transport.write
+    writer.transport.write = lambda data: (sends.append(bytes(data)), write(data))
+    call = pb.CallUnaryRequest(peer=bytes(range(34)), proto="DHTProtocol.rpc_find", data=b"d" * 300)
+    for message in (pb.PersistentConnectionRequest(callId=b"i" * 16, callUnary=call),
+                    pb.PersistentConnectionRequest(callId=b"j" * 16)):
+        await control.write_pbmsg(writer, message)
+        got = pb.PersistentConnectionRequest()
+        await read_pbmsg_safe(reader, got)
+        assert got == message, got
+    print(len(sends))
+
+asyncio.run(main())
+"""
+
+
+def writes(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", WRITES, mode], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout)
+
+
+def test_a_daemon_message_is_one_write():
+    assert writes("patched") == 2  # two messages (a 2-byte and a 1-byte length), read back intact
+
+
+def test_without_the_patch_each_length_byte_is_a_write_of_its_own():
+    assert writes("plain") == 3 + 2
+
+
 # How p2pd hands a peer's stream to our handlers: a connection to a unix-socket server. Its handler
 # awaits a future only it holds while the sender's bytes fill the buffer, so reading pauses and the
 # event loop lets go of the socket; only the protocol holds the handler's task.

@@ -118,6 +118,17 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    class, and the training loop's thread goes to SCHED_IDLE (``limits.training_below_helpers``),
    which it cannot leave: a rejoin's session (a lost relay) forked its helpers from there, level
    with the loop. hivemind's ``signal.signal`` calls stay in the calling thread.
+14. ``matchmaking polls the DHT at a pace``: while an averager looks for a group,
+   ``PotentialLeaders._update_queue_periodically`` (``averaging/matchmaking.py``) fetches the group
+   key's averagers again as soon as ``pop_next_leader`` finds no better leader than itself, which is
+   at once: a DHT get (a search over every node) back to back for the whole matchmaking time, about
+   7 a second per netlab volunteer over a run, two thirds of the searches its DHT sent. Now a fetch
+   starts at most every ``LEADER_POLL_SECONDS`` (a quarter of the matchmaking time if that is less);
+   the first of a search at once, as before.
+15. ``one write per daemon message``: ``write_pbmsg`` (``p2p/p2p_daemon_bindings/utils.py``) wrote a
+   message's length (a varint) one byte at a time, each byte its own ``write`` and ``drain`` (a send
+   on p2pd's unix socket, a wake of its reader), then the body: three sends for most requests and
+   replies of a unary call. Now the length and the body go in one write.
 """
 
 from __future__ import annotations
@@ -137,6 +148,7 @@ _PR_SET_PDEATHSIG = 1
 RELAY_HOP = "/libp2p/circuit/relay/0.2.0/hop"
 _relay_service = False  # patch 5; module state is inherited by the forked DHT processes
 _p2pd_flags: dict[str, Any] = {}
+LEADER_POLL_SECONDS = 0.5  # patch 14: the shortest time between two fetches of a group's averagers
 
 
 def _set_pdeathsig() -> None:
@@ -167,6 +179,7 @@ def install() -> None:
     _installed = True
     _counters = mp.RawArray("Q", 2)
     os.register_at_fork(after_in_child=_set_pdeathsig)
+    _patch_one_write_per_message()
     _patch_bandwidth()
     _patch_traffic()
     _patch_p2pd_spawn()
@@ -178,6 +191,7 @@ def install() -> None:
     _patch_state_declarations()
     _patch_step_cancel()
     _patch_no_rerun()
+    _patch_leader_poll()
     from dedloc_core.engine import helper_threads
 
     helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "none"))
@@ -718,3 +732,57 @@ def _patch_no_rerun() -> None:
 
     allowed = StepControl.allow_retries.fget
     StepControl.allow_retries = property(lambda self: allowed(self) and not self.began_allreduce)
+
+
+class _PacedKeys:
+    """A ``GroupKeyManager`` whose ``get_averagers`` waits until the pause since its last call is over."""
+
+    def __init__(self, leaders: Any, keys: Any) -> None:
+        self._leaders, self._keys, self._last = leaders, keys, None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._keys, name)
+
+    async def get_averagers(self, *args: Any, **kwargs: Any) -> Any:
+        from hivemind.utils import get_dht_time
+
+        if self._last is not None:
+            pause = min(LEADER_POLL_SECONDS, self._leaders.min_matchmaking_time / 4)
+            wait = min(self._last + pause, self._leaders.search_end_time) - get_dht_time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        self._last = get_dht_time()
+        return await self._keys.get_averagers(*args, **kwargs)
+
+
+def _patch_leader_poll() -> None:
+    """Patch 14 (see the module docstring)."""
+    from hivemind.averaging.matchmaking import PotentialLeaders
+
+    update = PotentialLeaders._update_queue_periodically
+
+    async def _update_queue_periodically(self, key_manager) -> None:
+        await update(self, _PacedKeys(self, key_manager))
+
+    PotentialLeaders._update_queue_periodically = _update_queue_periodically  # type: ignore[method-assign]
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        n, low = n >> 7, n & 0x7F
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _patch_one_write_per_message() -> None:
+    """Patch 15 (see the module docstring)."""
+    from hivemind.p2p.p2p_daemon_bindings import control, utils
+
+    async def write_pbmsg(stream: asyncio.StreamWriter, pbmsg) -> None:
+        body = pbmsg.SerializeToString()
+        stream.write(_varint(len(body)) + body)
+        await stream.drain()
+
+    control.write_pbmsg = utils.write_pbmsg = write_pbmsg

@@ -54,8 +54,10 @@ class SwarmConfig:
     max_refresh_period: float = 10.0
     default_refresh_period: float = 3.0
     # how often a peer publishes its progress while accumulating (seconds); hivemind publishes after
-    # every micro-batch (a signed DHT store each time); a new epoch is still published at once
-    progress_report_period: float = 1.0
+    # every micro-batch (a signed DHT store each time); a new epoch is still published at once. The
+    # records carry samples/s, which the other peers extrapolate between them; at 1 s they were most
+    # of each node's DHT traffic (a search and a store on every node, from every peer)
+    progress_report_period: float = 3.0
     # how to be reachable (see reachability.join): "auto" asks the backbone to dial back and falls
     # back to its relay, then to client mode; or force "direct", "relay" or "outbound"
     reachability: str = "auto"
