@@ -33,7 +33,9 @@ Rows, over the window between the first and the last global step:
 - solo samples/s: the sum of the volunteers' solo rates (alone) just before the mode and just after
   it (measured again after every mode: this VM's speed moved 30 % within minutes, which a single
   measurement at the start carried into every column);
-- utilization: swarm / the mean of those two;
+- utilization: swarm / the mean of those two; marked ``*`` and left out of ``best utilization``
+  when the two differ by more than 10 % (this VM's speed moved so; a run read 1.09 while the
+  bare loop's rate fell from 820 to 692 samples/s around its column);
 - step s: wall time per global step; round s: mean time per averaging round (``averaging_seconds``
   / ``rounds``; includes matchmaking; with overlap it runs beside training);
 - bytes/sample: bytes sent on the volunteers' own interfaces (headers included) / samples;
@@ -77,6 +79,7 @@ RECIPE = {"d_model": 128, "n_layers": 2, "n_heads": 2, "seq_len": 32, "lr": 0.00
 
 
 MICRO_BATCH = [32]  # samples per micro-batch (--micro-batch)
+UNSTEADY = 0.10  # a column whose solo rate moved more than this (after against before) is not counted
 
 
 def experiment(name: str, target_batch: int, matchmaking: float, overlap: bool, state_every: int = 1) -> dict:
@@ -281,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     valid = {n: r for n, r in results.items() if isinstance(r, dict)}
     common = min((r["history"][-1][0] for r in valid.values() if r["history"]), default=0)
     solo_of = lambda r: sum(r["solo"]) / 2  # noqa: E731 - before and after the mode
+    unsteady = lambda r: abs(r["solo"][1] - r["solo"][0]) > UNSTEADY * solo_of(r)  # noqa: E731
     rows = [("swarm samples/s", lambda r: f"{r['swarm']:.1f}"),
             ("solo samples/s", lambda r: f"{r['solo'][0]:.0f} / {r['solo'][1]:.0f}"),
-            ("utilization", lambda r: f"{r['swarm'] / solo_of(r):.2f}"), ("step s", lambda r: f"{r['step']:.2f}"),
+            ("utilization", lambda r: f"{r['swarm'] / solo_of(r):.2f}" + (" *" if unsteady(r) else "")),
+            ("step s", lambda r: f"{r['step']:.2f}"),
             ("round s", lambda r: f"{r['round']:.2f}"), ("bytes/sample", lambda r: f"{r['bps']:.0f}"),
             ("  of which to backbone", lambda r: f"{r['bb_bps']:.0f}"),
             ("cores: worker", lambda r: f"{r['cpu']['worker']:.3f}"),
@@ -297,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':24}" + "".join(f"{n:>20}" for n in results))
     for label, cell in rows:
         print(f"{label:24}" + "".join(f"{cell(r) if isinstance(r, dict) else r[:19]:>20}" for r in results.values()))
-    best = max((r["swarm"] / solo_of(r) for r in valid.values()), default=0.0)
+    if any(unsteady(r) for r in valid.values()):
+        print(f"* the bare loop's rate moved more than {UNSTEADY:.0%} between before and after: not counted below")
+    best = max((r["swarm"] / solo_of(r) for r in valid.values() if not unsteady(r)), default=0.0)
     if len(valid) == 2:
         a, b = (loss_at(r["history"], common) for r in valid.values())
         print(f"loss ours / defaults at {common} samples: {b / a:.3f}")
