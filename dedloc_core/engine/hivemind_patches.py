@@ -768,22 +768,14 @@ def _patch_leader_poll() -> None:
     PotentialLeaders._update_queue_periodically = _update_queue_periodically  # type: ignore[method-assign]
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, low = n >> 7, n & 0x7F
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _patch_one_write_per_message() -> None:
     """Patch 15 (see the module docstring)."""
+    import varint  # hivemind's own dependency (multiaddr's varints)
     from hivemind.p2p.p2p_daemon_bindings import control, utils
 
     async def write_pbmsg(stream: asyncio.StreamWriter, pbmsg) -> None:
         body = pbmsg.SerializeToString()
-        stream.write(_varint(len(body)) + body)
+        stream.write(varint.encode(len(body)) + body)
         await stream.drain()
 
     control.write_pbmsg = utils.write_pbmsg = write_pbmsg
