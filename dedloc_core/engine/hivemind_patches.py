@@ -541,8 +541,10 @@ def _patch_robust_aggregation() -> None:
             lost = [i for i, after in enumerate(self.sender_failed_after)
                     if after <= self.current_part_index and i not in self.dropped]
             if lost:  # a sender vanished: its part is missing from this average, so there is none
+                names = getattr(self, "sender_names", None)
+                who = ", ".join(f"...{names[i][-6:]}" if names else str(i) for i in lost)
                 self.current_part_future.set_exception(partition.AllreduceException(
-                    f"partial all-reduce: {len(lost)} of {self.num_senders} senders lost; the round fails"))
+                    f"partial all-reduce: {len(lost)} of {self.num_senders} senders lost ({who}); the round fails"))
                 self.current_part_future.exception()  # retrieved: no "never retrieved" warning
             elif self.robust_parts:
                 parts, weights = zip(*self.robust_parts, strict=True)
@@ -571,6 +573,13 @@ def _patch_robust_aggregation() -> None:
         register(self, peer_index, part_index, part)
 
     container.register_processed_part = register_processed_part
+    register_failed = container.register_failed_reducer
+
+    def register_failed_reducer(self, peer_index: int) -> None:
+        self.failed_reducers = [*getattr(self, "failed_reducers", ()), peer_index]
+        register_failed(self, peer_index)
+
+    container.register_failed_reducer = register_failed_reducer
     runner_init = allreduce.AllReduceRunner.__init__
 
     def init(self, *args: Any, **kwargs: Any) -> None:
@@ -598,8 +607,10 @@ def _patch_robust_aggregation() -> None:
         container = self.tensor_part_container
         async for delta in run(self):  # each output comes once all its parts are in (averaged or failed)
             if container.failed_size:  # a reducer's parts are missing: a partial all-reduce is a failed round
+                missing = ", ".join(container.reducer_names[i][-6:] for i in container.failed_reducers)
                 raise partition.AllreduceException(
-                    f"partial all-reduce: {container.failed_size} of {container.total_size} values not averaged")
+                    f"partial all-reduce in {self._prefix}: {container.failed_size} of {container.total_size} "
+                    f"values not averaged (no average from ...{missing})")
             yield delta
 
     allreduce.AllReduceRunner.run = run_whole
