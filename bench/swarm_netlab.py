@@ -44,7 +44,8 @@ Rows, over the window between the first and the last global step:
   quota (``of which the loop`` / ``--cpu``);
 - loss @ N samples: the volunteers' mean training loss (EMA) when the swarm had computed N samples
   in all (N: the smaller of the two modes' totals, so both columns are read at the same N);
-- failed msgs: "Averaging step failed" messages in the volunteers' logs over the whole run.
+- failed msgs: "Averaging step failed" messages in the volunteers' logs until the last global step
+  (not after: the first volunteer stopped leaves the others' last round, which then fails).
 A mode that fails is printed as ``invalid``.
 """
 
@@ -140,10 +141,10 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
                    f"{args.steps} global steps did not complete")
         end = snapshot(lab, peers, bb_host)
         last = min(p.step for p in peers)
+        logs = "".join(p.log_tail(10**8) for p in peers)  # before the stop: a peer that leaves fails the last round
+        failed = logs.count("Averaging step failed") + logs.count("AllreduceException")
         for p in peers:
             p.stop()
-        logs = "".join(p.log_tail(10**8) for p in peers)
-        failed = logs.count("Averaging step failed") + logs.count("AllreduceException")
     if args.keep:
         shutil.copytree(folder, Path(args.keep) / name.replace(" ", "-"), dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.pt", "*.bin", "shards", "cache"))
