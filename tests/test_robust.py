@@ -179,13 +179,14 @@ averagers = [hivemind.averaging.DecentralizedAverager([v.clone()], dht=d, prefix
                                                       next_chunk_timeout=3.0, start=True)
              for v, d in zip(values, dhts)]
 futures = [a.step(wait=False, timeout=30, allow_retries=False) for a in averagers]
-outcome = []
+outcome, messages = [], []
 for f in futures[:2]:
     try:
         outcome.append(len(f.result(timeout=90)))
     except Exception as exc:
         outcome.append(type(exc).__name__)
-print(json.dumps(outcome))
+        messages.append(str(exc))
+print(json.dumps({"outcome": outcome, "messages": messages, "peers": [str(d.peer_id) for d in dhts]}))
 for a in averagers:
     a.shutdown()
 for d in dhts:
@@ -193,7 +194,7 @@ for d in dhts:
 """
 
 
-def partial(mode: str) -> list:
+def partial(mode: str) -> dict:
     out = subprocess.run([sys.executable, "-c", PARTIAL, mode], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -201,9 +202,13 @@ def partial(mode: str) -> list:
 
 @pytest.mark.slow
 def test_a_partial_all_reduce_is_a_failed_round():
-    assert partial("patched") == ["MatchmakingException", "MatchmakingException"]  # both honest peers fail
+    result = partial("patched")
+    assert result["outcome"] == ["MatchmakingException", "MatchmakingException"]  # both honest peers fail
+    for message in result["messages"]:  # the log names the averager and the peers whose averages are missing
+        assert "partial all-reduce in partial:" in message, message
+        assert any(f"...{peer[-6:]}" in message for peer in result["peers"]), message
 
 
 @pytest.mark.slow
 def test_without_the_patch_a_partial_all_reduce_passes_for_a_success():
-    assert partial("plain") == [3, 3]
+    assert partial("plain")["outcome"] == [3, 3]

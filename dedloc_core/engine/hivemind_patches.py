@@ -607,10 +607,12 @@ def _patch_robust_aggregation() -> None:
         container = self.tensor_part_container
         async for delta in run(self):  # each output comes once all its parts are in (averaged or failed)
             if container.failed_size:  # a reducer's parts are missing: a partial all-reduce is a failed round
-                missing = ", ".join(container.reducer_names[i][-6:] for i in container.failed_reducers)
+                names = getattr(container, "reducer_names", None)
+                missing = ", ".join(f"...{names[i][-6:]}" if names else str(i)
+                                    for i in getattr(container, "failed_reducers", ()))
                 raise partition.AllreduceException(
                     f"partial all-reduce in {self._prefix}: {container.failed_size} of {container.total_size} "
-                    f"values not averaged (no average from ...{missing})")
+                    f"values not averaged (no average from {missing})")
             yield delta
 
     allreduce.AllReduceRunner.run = run_whole
