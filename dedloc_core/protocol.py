@@ -196,6 +196,9 @@ def _decode(line: str | bytes, kind: Any) -> Any:
         where, reason = problem(exc)
         raise ProtocolError(f"Bad {reprlib.repr(data.get('type'))} message: {_clip(where or 'message')}: "
                             f"{_clip(reason)}", code="invalid") from exc
+    except UnicodeEncodeError as exc:  # a lone surrogate (JSON's "\ud800") in a key msgspec must encode
+        raise ProtocolError(f"Bad {reprlib.repr(data.get('type'))} message: a string is not valid UTF-8.",
+                            code="invalid") from exc
 
 
 def _clip(text: str, limit: int = 200) -> str:

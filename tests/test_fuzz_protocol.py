@@ -77,6 +77,7 @@ def test_any_bytes_or_text_is_a_message_or_a_protocol_error(kind, line):
 @given(messages(COMMAND_TYPES, COMMAND_FIELDS), st.booleans())
 @example({"v": 1, "type": "start", "experiment": {}, "batch_size": 10**4000}, True)
 @example({"v": 1, "type": "set_limits", "limits": {"cpu_threads": 1e400}}, False)
+@example({"\ud800": None}, False)  # a lone surrogate key: UnicodeEncodeError inside msgspec
 def test_any_command_object_is_a_command_or_a_protocol_error(body, ascii_only):
     line = json.dumps(body, ensure_ascii=ascii_only)
     check(decode_command, line)
