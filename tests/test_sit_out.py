@@ -1,6 +1,7 @@
 """A peer whose last step's round is still looking for a group when its next step comes (one round
 behind the swarm) sits that step out: no round, no optimizer step, its samples kept; once the swarm
-has taken the step it goes on at the swarm's step number with them
+has taken the step it goes on at the swarm's step number with them, and its optimizer takes its next
+step twice
 (``swarm.RoundCountingOptimizer._update_global_epoch``). Real hivemind DHTs and averagers on
 loopback; the late round is a real StepControl in the stage a late round is in."""
 
@@ -27,7 +28,7 @@ run_id = "sit_out_probe"
 first, other = two_dhts()
 model = torch.nn.Linear(4, 2)
 opt = swarm.RoundCountingOptimizer(
-    dht=first, run_id=run_id, params=model.parameters(), optimizer=partial(torch.optim.SGD, lr=0.1),
+    dht=first, run_id=run_id, params=model.parameters(), optimizer=partial(torch.optim.Adam, lr=0.1),
     target_batch_size=1000, batch_size_per_step=4, averaging_timeout=5.0, matchmaking_time=1.0, verbose=False,
     offload_optimizer=True, delay_optimizer_step=True, delay_grad_averaging=True, delay_state_averaging=True,
     tracker_opts=FAST_TRACKER)
@@ -68,6 +69,12 @@ if sys.argv[1] == "patched":
     opt._update_global_epoch(None)
     unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     print(again, opt.local_epoch, opt.grad_averager.local_samples_accumulated, unchanged)
+    adam = opt.state_averager.optimizer
+    count = lambda: int(adam.state[adam.param_groups[0]["params"][0]]["step"])
+    before_steps = count()
+    opt._update_global_epoch(None)  # step 1 (no group forms: local gradients), and the one owed
+    opt.state_averager.step(wait_for_delayed_updates=True)
+    print(opt.local_epoch, count() - before_steps)
 elif sys.argv[1] == "all-late":  # the late round ends and the swarm is still at step 0: nobody moves on
     late.cancel()
     opt._update_global_epoch(None)
@@ -89,8 +96,9 @@ def probe(mode: str) -> str:
 def test_a_peer_a_round_behind_sits_the_step_out_and_goes_on_with_its_samples():
     # step 0 sat out (epoch 0, 4 samples kept, one sit-out), still out while the swarm finishes it
     # (and no round scheduled meanwhile), then the swarm's step 1 with the 4 samples; no optimizer
-    # step touched the parameters
-    assert probe("patched") == "0 4 1 0 True 1 4 True"
+    # step touched the parameters. The next global step takes two optimizer steps, its own and the
+    # one sat out, so that Adam's step count and moments stay the swarm's (OwedSteps)
+    assert probe("patched") == "0 4 1 0 True 1 4 True 2 2"
 
 
 def test_when_the_late_round_ends_before_the_swarm_moves_on_the_peer_takes_the_step():

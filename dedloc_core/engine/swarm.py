@@ -493,9 +493,9 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         (a newcomer in ``bench/join_time.py``: 17 s). Such a peer sits this step out instead: no
         round and no optimizer step; once the swarm has taken the step it goes on at the swarm's step
         number, its samples carried into that step's round, which it can then schedule in time (if
-        the late round ends first, the swarm's other peers were late too: it takes the step). Its
-        parameters miss one update, as after ``_should_load_state_from_peers``'s fast-forward; the
-        last round's average, applied when it ends, is the swarm's for the step sat out."""
+        the late round ends first, the swarm's other peers were late too: it takes the step). The
+        optimizer owes the step sat out (``OwedSteps``): its next step, with the late round's average
+        (the swarm's for the step sat out), is taken twice."""
         last = self.scheduled_grads
         if self._sitting_out is not None and self.local_epoch != self._sitting_out:
             self._sitting_out = None  # a state load moved this peer meanwhile
@@ -520,7 +520,12 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         self.steps_sat_out += 1
 
     def _go_on_at(self, epoch: int) -> None:
-        """Take the swarm's step number without a step of our own, keeping the samples accumulated."""
+        """Take the swarm's step number without a step of our own, keeping the samples accumulated.
+        The optimizer owes the swarm the steps skipped: its next step is taken once more for each
+        (``OwedSteps``), so that its statistics and step count stay the swarm's."""
+        missed = epoch - self.state_averager.local_epoch
+        if missed > 0 and isinstance(self.state_averager.optimizer.step, OwedSteps):
+            self.state_averager.optimizer.step.owe(missed)
         self.state_averager.local_epoch = epoch
         self.tracker.report_local_progress(epoch, self.tracker.local_progress.samples_accumulated)
 
@@ -563,6 +568,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     def load_state_from_peers(self, **kwargs):
         super().load_state_from_peers(**kwargs)
         self._fresh_load = True
+        if isinstance(self.state_averager.optimizer.step, OwedSteps):
+            self.state_averager.optimizer.step.owed = 0  # the swarm's own statistics now
 
     def _should_load_state_from_peers(self) -> bool:
         fetched = self.tracker.fetched_global_progress_this_epoch.is_set()
@@ -571,8 +578,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             if self.tracker.global_epoch == self.local_epoch + 1:
                 # The swarm stepped while we loaded its state (on a slow link a download lasts about a
                 # step): take its step number, as hivemind's load_state_from_peers does when it sees the
-                # new step at load time, instead of downloading the whole state again. Our parameters
-                # miss that one update; state averaging brings them back to the swarm's.
+                # new step at load time, instead of downloading the whole state again. The optimizer
+                # owes that step: its next one is taken twice (OwedSteps).
                 self._should_check_synchronization_on_update = False
                 logger.info("The swarm reached step %d while we loaded its state: going on from there",
                             self.tracker.global_epoch)
@@ -585,9 +592,11 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         module = hivemind.optim.optimizer
         module.TrainingStateAverager = prefetch.TrainingStateAverager
         try:
-            return super()._make_state_averager(**kwargs)
+            averager = super()._make_state_averager(**kwargs)
         finally:
             module.TrainingStateAverager = prefetch.state_averager.TrainingStateAverager
+        OwedSteps(averager.optimizer)
+        return averager
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ProgressTracker:
         return SwarmTracker(
@@ -614,6 +623,35 @@ class RoundCountingOptimizer(hivemind.Optimizer):
                 return
             self.rounds_joined += 1
             self.last_group_size = len(group)
+
+
+class OwedSteps:
+    """Replaces an optimizer's ``step``: after a step, takes it again (same gradients) once for each
+    global step this peer skipped (``owe``: a step sat out, a step the swarm took while we loaded its
+    state). Without it such a peer's optimizer stayed a step behind the swarm's for good: Adam's step
+    count and moments missed a gradient, and with the swarm's parameters (a parameter round brings
+    them) its updates were not the others'. In the network lab a peer that sat out the first step
+    made an update of its own at step 6 (loss 3.48 -> 4.5 on its next micro-batches, the others 3.29)
+    and its gradients, 50 times the usual, went into the swarm's average."""
+
+    MAX = 2  # more missed steps than that and the peer loads the swarm's state instead (hivemind)
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self._step, self._lock, self.owed = optimizer.step, threading.Lock(), 0
+        optimizer.step = self
+
+    def owe(self, steps: int) -> None:
+        with self._lock:
+            self.owed = min(self.owed + steps, self.MAX)
+
+    def __call__(self, *args, **kwargs):
+        out = self._step(*args, **kwargs)
+        with self._lock:
+            owed, self.owed = self.owed, 0
+        for _ in range(owed):
+            logger.info("Taking the optimizer step again for a global step this peer skipped")
+            self._step(*args, **kwargs)
+        return out
 
 
 def param_digest(model: torch.nn.Module) -> list[float]:
