@@ -130,6 +130,16 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    message's length (a varint) one byte at a time, each byte its own ``write`` and ``drain`` (a send
    on p2pd's unix socket, a wake of its reader), then the body: three sends for most requests and
    replies of a unary call. Now the length and the body go in one write.
+16. ``an optimizer's first step is its first``: ``initialize_optimizer_state_``
+   (``optim/state_averager.py``) makes the optimizer's statistics exist by running a step with zero
+   gradients, at the recipe's learning rate and weight decay. Adam's step count then starts at 1,
+   so every later step used the bias correction of the step after (the first update 0.73x, and so
+   on), and AdamW's decay shrank the offloaded parameters once. On the network lab's tiny-lm (AdamW,
+   betas 0.9/0.95, lr 3e-3, no warm-up) that trajectory reached a sharp point at step 6: gradient
+   norm 30-145 against 1, the loss 3.45 -> 4-9 for a step, with overlap and without (replayed in one
+   process: the same spike with the zero step, none without). DeepSpeed, Megatron and torchtitan
+   fixed the same step. Now the zero step runs at learning rate and weight decay 0 and the step
+   counts go back to 0: the statistics exist, and the first real step is torch's first step.
 """
 
 from __future__ import annotations
@@ -193,6 +203,7 @@ def install() -> None:
     _patch_step_cancel()
     _patch_no_rerun()
     _patch_leader_poll()
+    _patch_inert_optimizer_init()
     from dedloc_core.engine import helper_threads
 
     helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "none"))
@@ -792,3 +803,32 @@ def _patch_one_write_per_message() -> None:
         await stream.drain()
 
     control.write_pbmsg = utils.write_pbmsg = write_pbmsg
+
+
+def _patch_inert_optimizer_init() -> None:
+    """Patch 16."""
+    import torch
+    from hivemind.optim import state_averager
+
+    original = state_averager.initialize_optimizer_state_
+
+    def initialize_optimizer_state_(opt) -> None:
+        keys = ("lr", "weight_decay")
+        saved = [{k: group[k] for k in keys if k in group} for group in opt.param_groups]
+        for group in opt.param_groups:
+            for k in keys:
+                if k in group:
+                    group[k] = group[k] * 0 if torch.is_tensor(group[k]) else 0.0
+        try:
+            original(opt)
+        finally:
+            for group, values in zip(opt.param_groups, saved, strict=True):
+                group.update(values)
+        for state in [*opt.state.values(), *opt.param_groups]:
+            step = state.get("step")
+            if torch.is_tensor(step):
+                step.zero_()
+            elif isinstance(step, int | float) and not isinstance(step, bool):
+                state["step"] = type(step)(0)
+
+    state_averager.initialize_optimizer_state_ = initialize_optimizer_state_
