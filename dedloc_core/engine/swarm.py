@@ -306,7 +306,10 @@ class StatelessGradientAverager(GradientAverager):
     """A GradientAverager that downloads no state: ``hivemind.Optimizer.load_state_from_peers`` asks
     the gradient averager for a peer's accumulated gradients too, then throws them away (it resets
     its own). For a newcomer that was a second download as large as the parameters, after the state
-    it needs, and 2 s per peer that did not answer in time (seen in ``bench/join_time.py``).
+    it needs, and 2 s per peer that did not answer in time (seen in ``bench/join_time.py``). Nor does
+    it offer one: hivemind declared each gradient averager in the DHT at every step for downloads that
+    no peer of ours makes (a store a step each, in a network-lab run 0.08-0.10 of a volunteer's 1.2
+    DHT stores a second).
 
     Its buffers that the worker rewrites on every micro-batch (the parameters' ``.grad`` and the
     local accumulators, which hivemind allocates just before forking the averager's process) are
@@ -333,6 +336,7 @@ class StatelessGradientAverager(GradientAverager):
                  accumulate_in_grads: bool = False, **kwargs):
         self.round_timeout = round_timeout
         self.accumulate_in_grads = accumulate_in_grads
+        kwargs.setdefault("allow_state_sharing", False)  # nothing to share: no DHT record of it either
         parameters = tuple(parameters)
         with torch.no_grad():
             for param in parameters:
