@@ -140,6 +140,13 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    process: the same spike with the zero step, none without). DeepSpeed, Megatron and torchtitan
    fixed the same step. Now the zero step runs at learning rate and weight decay 0 and the step
    counts go back to 0: the statistics exist, and the first real step is torch's first step.
+17. ``an averager leaves no socket behind``: each averager talks to p2pd through a replica of the
+   DHT's ``P2P`` (``DHT.replicate_p2p``), whose client listens on a unix socket
+   ``/tmp/hivemind-p2pclient-*.sock``. ``DecentralizedAverager._shutdown``
+   (``averaging/averager.py``) removes the averager's handlers but never shuts the replica down, so
+   its socket file stayed in /tmp: two per worker session (a join, a rejoin, the resume after a
+   long pause), 4,838 on this machine after three days of tests. Now the replica is shut down after
+   the handlers are gone (``P2P._terminate`` removes the file; a replica has no daemon to stop).
 """
 
 from __future__ import annotations
@@ -204,6 +211,7 @@ def install() -> None:
     _patch_no_rerun()
     _patch_leader_poll()
     _patch_inert_optimizer_init()
+    _patch_replica_sockets()
     from dedloc_core.engine import helper_threads
 
     helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "none"))
@@ -832,3 +840,20 @@ def _patch_inert_optimizer_init() -> None:
                 state["step"] = type(step)(0)
 
     state_averager.initialize_optimizer_state_ = initialize_optimizer_state_
+
+
+def _patch_replica_sockets() -> None:
+    """Patch 17."""
+    from hivemind.averaging.averager import DecentralizedAverager
+
+    shutdown = DecentralizedAverager._shutdown
+
+    async def _shutdown(self, timeout) -> None:
+        try:
+            await shutdown(self, timeout)
+        finally:
+            replica = getattr(self, "_p2p", None)
+            if replica is not None:
+                await replica.shutdown()
+
+    DecentralizedAverager._shutdown = _shutdown  # type: ignore[method-assign]
