@@ -468,6 +468,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     averaging_seconds = 0.0
     _fresh_load = False  # a state was just loaded: the swarm may have stepped meanwhile
     _local_grads: list[torch.Tensor] | None = None  # this step's local gradients, while its round runs
+    _owed_steps: OwedSteps | None = None  # wraps the offloaded optimizer's step (_make_state_averager)
     steps_sat_out = 0
     _sitting_out: int | None = None  # the step sat out, until the swarm leaves it or the late round ends
 
@@ -528,8 +529,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         The optimizer owes the swarm the steps skipped: its next step is taken once more for each
         (``OwedSteps``), so that its statistics and step count stay the swarm's."""
         missed = epoch - self.state_averager.local_epoch
-        if missed > 0 and isinstance(self.state_averager.optimizer.step, OwedSteps):
-            self.state_averager.optimizer.step.owe(missed)
+        if missed > 0 and self._owed_steps is not None:
+            self._owed_steps.owe(missed)
         self.state_averager.local_epoch = epoch
         self.tracker.report_local_progress(epoch, self.tracker.local_progress.samples_accumulated)
 
@@ -572,8 +573,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     def load_state_from_peers(self, **kwargs):
         super().load_state_from_peers(**kwargs)
         self._fresh_load = True
-        if isinstance(self.state_averager.optimizer.step, OwedSteps):
-            self.state_averager.optimizer.step.owed = 0  # the swarm's own statistics now
+        if self._owed_steps is not None:
+            self._owed_steps.clear()  # the swarm's own statistics now
 
     def _should_load_state_from_peers(self) -> bool:
         fetched = self.tracker.fetched_global_progress_this_epoch.is_set()
@@ -599,7 +600,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             averager = super()._make_state_averager(**kwargs)
         finally:
             module.TrainingStateAverager = prefetch.state_averager.TrainingStateAverager
-        OwedSteps(averager.optimizer)
+        self._owed_steps = OwedSteps(averager.optimizer)
         return averager
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs) -> ProgressTracker:
@@ -647,6 +648,10 @@ class OwedSteps:
     def owe(self, steps: int) -> None:
         with self._lock:
             self.owed = min(self.owed + steps, self.MAX)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.owed = 0
 
     def __call__(self, *args, **kwargs):
         out = self._step(*args, **kwargs)
