@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dedloc_core.engine.pacing import pace, round_seconds
+from dedloc_core.engine.pacing import pace, quiet, round_seconds
 
 
 def test_a_paced_step_lasts_headroom_times_the_round():
@@ -35,3 +35,13 @@ def test_impossible_inputs_are_clear_errors(args):
         pace(*args)
     with pytest.raises(ValueError, match="positive"):
         round_seconds(0, 20, 0.1)
+
+
+def test_the_quiet_part_of_a_step_is_away_from_its_rounds():
+    step = pace(1000.0, 2.0, headroom=4.0)  # 8 s a step, matchmaking from 2 s before its end
+    assert not quiet(7.5, step.step_seconds)  # the last step's rounds are still running
+    assert quiet(5.0, step.step_seconds) and quiet(3.0, step.step_seconds)
+    assert not quiet(step.matchmaking_time, step.step_seconds)  # this step's matchmaking has begun
+    assert not quiet(0.0, step.step_seconds)
+    # nothing known about the swarm (no peers: its ETA and step are infinite) is never quiet
+    assert not quiet(float("inf"), 8.0) and not quiet(4.0, float("inf")) and not quiet(4.0, 0.0)

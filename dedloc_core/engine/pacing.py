@@ -11,6 +11,10 @@ experiments take their target batch from the catalog).
 idle, waiting for rounds that outlasted the estimate (figures: ``bench/README.md``, swarm_netlab,
 stop 34). The price is a target batch twice as large: half the optimizer steps per sample
 (large-batch training is DeDLOC's premise; its runs stepped every few minutes).
+
+``quiet`` says when in a step a large transfer that is not a round (the backbone loading the whole
+state from a volunteer) disturbs none: the last step's rounds run in its first part, the next
+step's matchmaking in its last quarter.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Pace", "pace", "round_seconds"]
+__all__ = ["Pace", "pace", "quiet", "round_seconds"]
 
 
 @dataclass(frozen=True)
@@ -52,3 +56,17 @@ def pace(samples_per_second: float, round_s: float, *, headroom: float = 4.0, mi
     batch = max(min_batch, multiple * math.ceil(samples_per_second * step / multiple))
     step = batch / samples_per_second
     return Pace(batch, round(min(max_matchmaking, max(min_matchmaking, step / 4)), 2), step)
+
+
+QUIET = (0.3, 0.7)  # the part of a step (by its time left) with no round of ours
+
+
+def quiet(seconds_left: float, step_seconds: float, window: tuple[float, float] = QUIET) -> bool:
+    """Whether a step with ``seconds_left`` of its ``step_seconds`` to go is in its quiet part: the
+    rounds of the step before (with overlap they run while this one accumulates, and a parameter
+    round follows the step) are over, and matchmaking for this step's round (``pace``: a quarter of
+    the step before its estimated end) has not begun. False when either figure is unknown."""
+    if not (math.isfinite(seconds_left) and math.isfinite(step_seconds)) or step_seconds <= 0:
+        return False
+    low, high = window
+    return low * step_seconds <= seconds_left <= high * step_seconds
