@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
-import sys, torch
+import pathlib, sys, torch
 from hivemind.p2p import P2P
 from tests.probes import lone_optimizer
 
@@ -24,7 +24,7 @@ for _ in range(3):  # a few micro-batches: the averagers are up and serving
     model(torch.randn(4, 3)).sum().backward()
     opt.step()
     opt.zero_grad()
-print("while training:", sorted(p.name.split("-")[1] for p in __import__("pathlib").Path(sys.argv[1]).iterdir()))
+print("while training:", sorted(p.name.split("-")[1] for p in pathlib.Path(sys.argv[1]).iterdir()))
 opt.shutdown()
 dht.shutdown()
 """

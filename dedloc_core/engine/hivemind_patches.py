@@ -145,7 +145,7 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    ``/tmp/hivemind-p2pclient-*.sock``. ``DecentralizedAverager._shutdown``
    (``averaging/averager.py``) removes the averager's handlers but never shuts the replica down, so
    its socket file stayed in /tmp: two per worker session (a join, a rejoin, the resume after a
-   long pause), 4,838 on this machine after three days of tests. Now the replica is shut down after
+   long pause), 4,838 on the dev VM after two days of tests and benchmarks. Now the replica is shut down after
    the handlers are gone (``P2P._terminate`` removes the file; a replica has no daemon to stop).
 """
 

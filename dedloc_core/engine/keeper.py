@@ -177,19 +177,20 @@ class SyncKeeper:
         if self._due_since is None:
             self._due_since = now
         step = self._step_seconds()
-        waited_enough = now - self._due_since >= self.QUIET_WAIT * (step if math.isfinite(step) else 10.0)
-        if not waited_enough and not pacing.quiet(self.opt.tracker.global_progress.eta_next_epoch - get_dht_time(),
-                                                  step):
+        longest_wait = self.QUIET_WAIT * (step if math.isfinite(step) else self.UNKNOWN_STEP)
+        left = self.opt.tracker.global_progress.eta_next_epoch - get_dht_time()
+        if now - self._due_since < longest_wait and not pacing.quiet(left, step):
             return False
         self.opt.load_state_from_peers()
         self._loaded, self._due_since = time.monotonic(), None
         return True
 
     QUIET_WAIT = 2.0  # steps to wait for a quiet moment before loading anyway
+    UNKNOWN_STEP = 10.0  # seconds a step is taken to last while no peer reports its samples/s
 
     def _step_seconds(self) -> float:
         """The swarm's step length from its peers' reports: target batch / their samples per second."""
-        sps = getattr(self.opt.tracker, "swarm_samples_per_second", 0.0)
+        sps = self.opt.tracker.swarm_samples_per_second  # a swarm.SwarmTracker (swarm.build_optimizer)
         return self.opt.tracker.target_batch_size / sps if sps > 0 else math.inf
 
     def step(self) -> int:
