@@ -8,14 +8,17 @@ nodes), so a node's solo rate does not depend on how many others train beside it
 
 Steps, in one run:
 1. solo rates: each volunteer's samples/s on the bare training loop (``netlab/solo.py``) in its
-   namespace and CPU group, alone, then all together (the two agree when the quotas hold);
+   namespace and CPU group, alone, then all together with the reference node (the two agree when
+   the quotas hold);
 2. pacing: the target batch and matchmaking time from the measured throughput (``engine.pacing``):
    a step lasts ``--headroom`` times an estimated round (fp16 gradients and parameters over the
    slowest link, plus round trips); both columns train that same experiment;
 3. each mode (a fresh swarm, a new run id) trains ``tiny-lm`` for ``--steps`` global steps after
    its first one. "hivemind defaults": hivemind.Optimizer's own options (no overlap, no compression,
    no declared bandwidth). "ours": overlap (delayed gradient averaging and optimizer step), fp16
-   gradients, DeDLOC load balancing with each volunteer's declared bandwidth.
+   gradients, DeDLOC load balancing with each volunteer's declared bandwidth. Beside each mode a
+   reference node (its own CPU group with the same quota, no network) runs the bare loop the whole
+   time: the solo rate measured during the column, not minutes away from it.
 
 Micro-batches hold ``--micro-batch`` samples (default 32: about 37 ms of CPU each, 90 ms at a node's 0.4 cores;
 until stop 40 the default was 8). What hivemind's optimizer does per micro-batch (count the
@@ -30,18 +33,21 @@ against the bare loop's in the same CPU group: the worker's own cost per sample.
 
 Rows, over the window between the first and the last global step:
 - swarm samples/s: the samples all volunteers computed (their ``stats`` events) / wall time;
-- solo samples/s: the sum of the volunteers' solo rates (alone) just before the mode and just after
-  it (measured again after every mode: this VM's speed moved 30 % within minutes, which a single
-  measurement at the start carried into every column);
-- utilization: swarm / the mean of those two; marked ``*`` and left out of ``best utilization``
-  when the two differ by more than 10 % (this VM's speed moved so; a run read 1.09 while the
-  bare loop's rate fell from 820 to 692 samples/s around its column);
+- solo samples/s beside: the reference node's samples per CPU second over the same window, times
+  its quota (``reference's cores``: what it used; about 0.40 unless the five nodes' demand met the
+  two cores' limit), times the number of volunteers (the nodes are alike: same quota, same loop);
+- utilization: swarm / solo beside: what the volunteers computed against what the same nodes compute
+  on the bare loop at the same time, so the VM's drift (a tenth within minutes) cancels out;
+- solo samples/s before / after: the sum of the volunteers' solo rates (alone) just before the mode
+  and just after it; utilization before/after: swarm / their mean, the figure of stops 38-43,
+  marked ``*`` when the two differ by more than 10 % (this VM's speed moved so; a run read 1.09
+  while the bare loop's rate fell from 820 to 692 samples/s around its column);
 - step s: wall time per global step; round s: mean time per averaging round (``averaging_seconds``
   / ``rounds``; includes matchmaking; with overlap it runs beside training);
 - bytes/sample: bytes sent on the volunteers' own interfaces (headers included) / samples;
 - loop efficiency: samples per CPU second of the training loop (``of which the loop``) against the
-  solo loop's samples per CPU second of its quota; utilization = this x the loop's share of the
-  quota (``of which the loop`` / ``--cpu``);
+  reference loop's samples per CPU second of its quota; utilization = this x the loop's share of
+  the quota (``of which the loop`` / ``--cpu``);
 - loss @ N samples: the volunteers' mean training loss (EMA) when the swarm had computed N samples
   in all (N: the smaller of the two modes' totals, so both columns are read at the same N);
 - failed msgs: "Averaging step failed" messages in the volunteers' logs until the last global step
@@ -66,7 +72,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 from conftest import tiny_experiment  # noqa: E402
 from netlab import Lab  # noqa: E402
 from netlab.lab import Shape  # noqa: E402
-from netlab.peers import Backbone, Peer, solo_rates, wait_until  # noqa: E402
+from netlab.peers import Backbone, Peer, Reference, solo_rates, wait_until  # noqa: E402
 
 from dedloc_core.engine import pacing  # noqa: E402
 
@@ -80,7 +86,7 @@ RECIPE = {"d_model": 128, "n_layers": 2, "n_heads": 2, "seq_len": 32, "lr": 0.00
 
 
 MICRO_BATCH = [32]  # samples per micro-batch (--micro-batch)
-UNSTEADY = 0.10  # a column whose solo rate moved more than this (after against before) is not counted
+UNSTEADY = 0.10  # a column whose solo rate moved more than this (after against before) is marked
 
 
 def experiment(name: str, target_batch: int, matchmaking: float, overlap: bool, state_every: int = 1) -> dict:
@@ -97,13 +103,15 @@ def param_count() -> int:
 
 
 def measure_solo(args, together: bool = True) -> tuple[list[float], list[float] | None]:
-    """Step 1: the volunteers' solo rates in their CPU groups, ``(alone, together)``; after each
-    mode only alone (``together=False``: None)."""
+    """Step 1: the volunteers' solo rates in their CPU groups, ``(alone, together)``: together with
+    the reference node (its rate last); after each mode only alone (``together=False``: None)."""
     exp = experiment("solo", 256, 1.0, False)
     with Lab() as lab:
         hosts = [lab.public(f"s{i}", cpu=args.cpu) for i in range(args.volunteers)]
         alone = solo_rates(lab, hosts, exp, args.solo_seconds)
-        both = solo_rates(lab, hosts, exp, args.solo_seconds, together=True) if together else None
+        both = None
+        if together:
+            both = solo_rates(lab, [*hosts, lab.public("ref", cpu=args.cpu)], exp, args.solo_seconds, together=True)
     return alone, both
 
 
@@ -112,6 +120,7 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
                      args.state_every or opts.get("average_state_every", 1))
     history: list[tuple[int, float]] = []  # (swarm samples so far, volunteers' mean loss)
     with Lab() as lab:
+        reference = Reference(lab, lab.public("ref", cpu=args.cpu), exp)
         bb_host = lab.public("bb", cpu=args.cpu)
         backbone = Backbone(lab, bb_host, exp, folder, "--follow-every", str(args.follow_every))
         ready = backbone.wait_ready()
@@ -136,15 +145,16 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
             if any(not e.fatal for e in p.errors):
                 raise RuntimeError(f"{p.host.name}: {p.errors[0].message}")
         first = max(p.step for p in peers)
-        base = snapshot(lab, peers, bb_host)
+        base = snapshot(lab, peers, bb_host, reference)
         wait_until(peers, lambda: note() or min(p.step for p in peers) >= first + args.steps, args.timeout,
                    f"{args.steps} global steps did not complete")
-        end = snapshot(lab, peers, bb_host)
+        end = snapshot(lab, peers, bb_host, reference)
         last = min(p.step for p in peers)
         logs = "".join(p.log_tail(10**8) for p in peers)  # before the stop: a peer that leaves fails the last round
         failed = logs.count("Averaging step failed") + logs.count("AllreduceException")
         for p in peers:
             p.stop()
+        reference.stop()
     if args.keep:
         shutil.copytree(folder, Path(args.keep) / name.replace(" ", "-"), dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.pt", "*.bin", "shards", "cache"))
@@ -153,7 +163,12 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
     cpu = {k: sum(e[k] - b[k] for b, e in zip(base["cpu"], end["cpu"], strict=True)) / len(peers) / wall
            for k in ("worker", "loop", "rest", "p2pd")}
     rounds = end["rounds"] - base["rounds"]
-    return {"swarm": samples / wall, "step": wall / max(last - first, 1),
+    ref_wall = end["ref"][0] - base["ref"][0]
+    ref_cores = (end["ref_cpu"] - base["ref_cpu"]) / ref_wall
+    # the reference's rate at its full quota: it may get less while five nodes share two cores
+    beside = (end["ref"][1] - base["ref"][1]) / ref_wall * args.cpu / max(ref_cores, args.cpu / 2)
+    return {"swarm": samples / wall, "beside": beside * len(peers), "ref_cores": ref_cores,
+            "step": wall / max(last - first, 1),
             "round": (end["avg_s"] - base["avg_s"]) / rounds if rounds else float("nan"),
             "bps": (end["tx"] - base["tx"]) / max(samples, 1),
             "bb_bps": (end["bb_rx"] - base["bb_rx"]) / max(samples, 1), "failed": failed, "history": history,
@@ -182,13 +197,14 @@ def measure_lone(args, seconds: float = 30.0) -> tuple[float, float]:
     return solo, rate
 
 
-def snapshot(lab: Lab, peers: list[Peer], backbone) -> dict:
+def snapshot(lab: Lab, peers: list[Peer], backbone, reference: Reference) -> dict:
     for p in peers:
         p.drain()
     stats = [p.stats for p in peers]
     if any(s is None for s in stats):
         raise RuntimeError("a volunteer sent no stats")
-    return {"time": time.monotonic(), "samples": sum(s.samples for s in stats),
+    return {"time": time.monotonic(), "ref": reference.mark(), "ref_cpu": reference.cpu_seconds(),
+            "samples": sum(s.samples for s in stats),
             "rounds": sum(s.rounds for s in stats), "avg_s": sum(s.averaging_seconds for s in stats),
             "tx": sum(lab.counters(p.host)[0] for p in peers), "bb_rx": lab.counters(backbone)[1],
             "cpu": [cpu_by_kind(p) for p in peers], "compute": sum(s.compute_seconds for s in stats)}
@@ -259,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.target_batch:
         pace = pacing.Pace(args.target_batch, pace.matchmaking_time, args.target_batch / solo_sum)
     print("node   cpu quota  solo sps alone  solo sps together")
-    for i, (a, t) in enumerate(zip(alone, together or [], strict=True)):
+    for i, (a, t) in enumerate(zip(alone, together or [], strict=False)):
         print(f"v{i}     {args.cpu:9.2f}  {a:14.1f}  {t:17.1f}")
+    print(f"ref    {args.cpu:9.2f}  {'':14}  {together[-1]:17.1f}")
     print(f"pacing: swarm solo {solo_sum:.0f} samples/s, estimated round {round_est:.2f} s -> target batch "
           f"{pace.target_batch_size} ({pace.step_seconds:.1f} s a step), matchmaking {pace.matchmaking_time} s",
           flush=True)
@@ -287,8 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     solo_of = lambda r: sum(r["solo"]) / 2  # noqa: E731 - before and after the mode
     unsteady = lambda r: abs(r["solo"][1] - r["solo"][0]) > UNSTEADY * solo_of(r)  # noqa: E731
     rows = [("swarm samples/s", lambda r: f"{r['swarm']:.1f}"),
-            ("solo samples/s", lambda r: f"{r['solo'][0]:.0f} / {r['solo'][1]:.0f}"),
-            ("utilization", lambda r: f"{r['swarm'] / solo_of(r):.2f}" + (" *" if unsteady(r) else "")),
+            ("solo samples/s beside", lambda r: f"{r['beside']:.0f}"),
+            ("  reference's cores", lambda r: f"{r['ref_cores']:.3f}"),
+            ("utilization", lambda r: f"{r['swarm'] / r['beside']:.2f}"),
+            ("solo before / after", lambda r: f"{r['solo'][0]:.0f} / {r['solo'][1]:.0f}"),
+            ("utilization before/after", lambda r: f"{r['swarm'] / solo_of(r):.2f}" + (" *" if unsteady(r) else "")),
             ("step s", lambda r: f"{r['step']:.2f}"),
             ("round s", lambda r: f"{r['round']:.2f}"), ("bytes/sample", lambda r: f"{r['bps']:.0f}"),
             ("  of which to backbone", lambda r: f"{r['bb_bps']:.0f}"),
@@ -297,15 +317,15 @@ def main(argv: list[str] | None = None) -> int:
             ("  of which the rest", lambda r: f"{r['cpu']['rest']:.3f}"),
             ("cores: p2pd", lambda r: f"{r['cpu']['p2pd']:.3f}"),
             ("loop in step/batch", lambda r: f"{r['busy']:.2f}"),
-            ("loop efficiency", lambda r: f"{r['swarm'] * args.cpu / (r['cpu']['loop'] * solo_of(r)):.2f}"),
+            ("loop efficiency", lambda r: f"{r['swarm'] * args.cpu / (r['cpu']['loop'] * r['beside']):.2f}"),
             (f"loss @ {common} samples", lambda r: f"{loss_at(r['history'], common):.4f}"),
             ("failed msgs", lambda r: str(r["failed"]))]
     print(f"{'':24}" + "".join(f"{n:>20}" for n in results))
     for label, cell in rows:
         print(f"{label:24}" + "".join(f"{cell(r) if isinstance(r, dict) else r[:19]:>20}" for r in results.values()))
     if any(unsteady(r) for r in valid.values()):
-        print(f"* the bare loop's rate moved more than {UNSTEADY:.0%} between before and after: not counted below")
-    best = max((r["swarm"] / solo_of(r) for r in valid.values() if not unsteady(r)), default=0.0)
+        print(f"* the bare loop's rate moved more than {UNSTEADY:.0%} between before and after")
+    best = max((r["swarm"] / r["beside"] for r in valid.values()), default=0.0)
     if len(valid) == 2:
         a, b = (loss_at(r["history"], common) for r in valid.values())
         print(f"loss ours / defaults at {common} samples: {b / a:.3f}")

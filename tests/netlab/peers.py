@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ from dedloc_core.workerproc import WorkerProcess
 
 from .lab import Host, Lab
 
-__all__ = ["Backbone", "Peer", "solo_rates", "wait_until"]
+__all__ = ["Backbone", "Peer", "Reference", "solo_rates", "wait_until"]
 
 BACKBONE_PORT, HTTP_PORT = 31337, 8080
 
@@ -119,3 +120,46 @@ def solo_rates(lab: Lab, hosts: list[Host], experiment: dict, seconds: float = 8
     if together:
         return [rate(p) for p in [start(h) for h in hosts]]
     return [rate(start(h)) for h in hosts]
+
+
+class Reference:
+    """The bare training loop (``solo.py``) running beside a swarm in its own node and CPU group, so
+    a solo rate is measured at the same time as the swarm's (this VM's speed drifts by a tenth
+    within minutes). ``mark()`` is (monotonic time, samples so far) after its latest micro-batch.
+    ``netlab.solo_rates`` reads a rate from the same loop's output alone."""
+
+    def __init__(self, lab: Lab, host: Host, experiment: dict, seconds: float = 3600.0):
+        argv = [sys.executable, str(Path(__file__).with_name("solo.py")), experiment["recipe"],
+                json.dumps(experiment["recipe_params"]), str(experiment["batch_size_per_step"]), str(seconds),
+                "stream"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.host = host
+        self.proc = lab.popen(host, argv, stdout=subprocess.PIPE, text=True, env=env)
+        self._latest: tuple[float, int] | None = None
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            parts = line.split()
+            if len(parts) == 2:
+                self._latest = (float(parts[0]), int(parts[1]))
+
+    def mark(self, timeout: float = 60.0) -> tuple[float, int]:
+        deadline = time.monotonic() + timeout
+        while self._latest is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the reference loop did not start")
+            time.sleep(0.1)
+        return self._latest
+
+    def cpu_seconds(self) -> float:
+        """CPU time the loop has used so far: under contention it gets less than its quota, and a rate
+        read then says less about the machine's speed than samples per CPU second do."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)

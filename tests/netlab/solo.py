@@ -2,9 +2,12 @@
 torch thread like a lab worker), run inside the node's namespace and CPU group.
 
     python solo.py RECIPE PARAMS_JSON BATCH SECONDS   ->  prints "samples/s" as one number
+    python solo.py RECIPE PARAMS_JSON BATCH SECONDS stream  ->  a line "MONOTONIC SAMPLES" after
+                                                                every micro-batch, for SECONDS
 
-Run by ``netlab.solo_rates``; the worker's extra work (accumulating gradients, the DHT, averaging)
-is what the swarm's utilization measures against this rate.
+Run by ``netlab.solo_rates`` (and ``netlab.peers.Reference``, the stream beside a swarm); the
+worker's extra work (accumulating gradients, the DHT, averaging) is what the swarm's utilization
+measures against this rate.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 def main() -> None:
     recipe_name, params = sys.argv[1], json.loads(sys.argv[2])
     batch_size, seconds = int(sys.argv[3]), float(sys.argv[4])
+    stream = sys.argv[5:6] == ["stream"]
     import torch
 
     from dedloc_core.engine.recipes import load_recipe
@@ -32,6 +36,8 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         recipe.loss(model, next(batches)).backward()
         samples += batch_size
+        if stream:
+            print(f"{time.monotonic():.4f} {samples}", flush=True)
     print(f"{samples / (time.perf_counter() - began):.3f}", flush=True)
 
 
