@@ -50,14 +50,14 @@ class SwarmConfig:
     load_state_timeout: float = 60.0
     bandwidth: float | None = None
     # how often peers publish and fetch progress (seconds); hivemind's defaults (0.5-10 s) cost CPU
-    min_refresh_period: float = 1.0
+    min_refresh_period: float = 2.0
     max_refresh_period: float = 10.0
     default_refresh_period: float = 3.0
     # how often a peer publishes its progress while accumulating (seconds); hivemind publishes after
     # every micro-batch (a signed DHT store each time); a new epoch is still published at once. The
     # records carry samples/s, which the other peers extrapolate between them; at 1 s they were most
     # of each node's DHT traffic (a search and a store on every node, from every peer)
-    progress_report_period: float = 3.0
+    progress_report_period: float = 6.0
     # how to be reachable (see reachability.join): "auto" asks the backbone to dial back and falls
     # back to its relay, then to client mode; or force "direct", "relay" or "outbound"
     reachability: str = "auto"
@@ -74,6 +74,15 @@ class SwarmConfig:
 
 _process_prepared = False
 _libc = None
+
+
+def p2pd_on_one_thread() -> None:
+    """A volunteer's p2p daemon runs its Go code on one thread (``GOMAXPROCS=1``, unless set already;
+    hivemind starts p2pd with this process's environment). It carries one peer's traffic, a few MB
+    a round, and with a thread per core its goroutines woke across threads: in the network lab its
+    p2pd used 0.009-0.013 of a node's 0.40 cores, 0.007-0.009 on one thread (one run each). The
+    backbone, a relay for many peers, keeps Go's default."""
+    os.environ.setdefault("GOMAXPROCS", "1")
 
 
 def prepare_process() -> None:

@@ -31,7 +31,17 @@ from .shard_cache import fetch_in_background
 
 logger = logging.getLogger(__name__)
 
-METRICS_PERIOD = 5.0  # seconds between metrics records in the DHT
+# A peer's metrics record in the DHT (the backbone's learning curve and leaderboard): one for each new
+# global step, at most every METRICS_GAP seconds, and every METRICS_PERIOD seconds between steps. At
+# one every 5 s they were a fifth of a volunteer's DHT stores, each a search and a store on every node.
+METRICS_GAP, METRICS_PERIOD = 5.0, 30.0
+
+
+def metrics_due(published: tuple[int, float], epoch: int, now: float) -> bool:
+    """Whether a peer at local ``epoch`` publishes its metrics at ``now``; ``published``: the (local
+    epoch, time) of its last record."""
+    last_epoch, last = published
+    return now - last >= METRICS_PERIOD or (epoch != last_epoch and now - last >= METRICS_GAP)
 
 
 class Session:
@@ -53,7 +63,7 @@ class Session:
         self._window = (time.monotonic(), self.samples, self.compute_seconds)  # at the last progress
         self._digest: tuple[tuple[int, int], list[float]] = ((-1, 0), [])  # ((epoch, resyncs), digest)
         self._reported_epoch = -1  # the local epoch of the last progress report
-        self._next_publish = 0.0
+        self._published = (-1, float("-inf"))  # (local epoch, monotonic time) of the last metrics record
         self.on_gpu = False
 
     # ---- setup / teardown -------------------------------------------------------------------
@@ -73,6 +83,7 @@ class Session:
 
         limits.lower_priority(limits.worker_nice())  # before hivemind forks and torch starts threads
         swarm.prepare_process()
+        swarm.p2pd_on_one_thread()
         robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)  # before hivemind forks
         self._apply_limits()
         self.control.on_limits = functools.partial(limits.apply_network_over, self.start.limits)
@@ -373,8 +384,8 @@ class Session:
                 device="gpu" if self._on_gpu() else "cpu",
             )
         )
-        if now >= self._next_publish:
-            self._next_publish = now + METRICS_PERIOD
+        if metrics_due(self._published, opt.local_epoch, now):
+            self._published = (opt.local_epoch, now)
             self._publish_metrics(local_sps)
 
     def _on_gpu(self) -> bool:
@@ -504,7 +515,7 @@ class Watchdog:
         relays = self._relay_addresses()
         while not self._stop.wait(self.period):
             answered = self.ping(self.dht, self.peers)
-            now_relays = self._relay_addresses()
+            now_relays = self._relay_addresses() if self.relayed else relays  # a p2pd call each time
             if now_relays != relays:
                 logger.warning("Relay addresses: %d -> %d", relays, now_relays)
                 relays = now_relays
