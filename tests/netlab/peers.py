@@ -99,17 +99,21 @@ class Peer(SwarmPeer):
         self.worker.stop(timeout=15)
 
 
+def start_solo(lab: Lab, host: Host, experiment: dict, seconds: float, *extra: str) -> subprocess.Popen:
+    """``solo.py`` on ``experiment``'s recipe in ``host``'s namespace and CPU group, stdout piped."""
+    argv = [sys.executable, str(Path(__file__).with_name("solo.py")), experiment["recipe"],
+            json.dumps(experiment["recipe_params"]), str(experiment["batch_size_per_step"]), str(seconds), *extra]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return lab.popen(host, argv, stdout=subprocess.PIPE, text=True, env=env)
+
+
 def solo_rates(lab: Lab, hosts: list[Host], experiment: dict, seconds: float = 8.0, *,
                together: bool = False) -> list[float]:
     """Each host's samples/s on the bare training loop of ``experiment``'s recipe (``solo.py``), in
     its namespace and CPU group: one host at a time, or all ``together`` (the same figures when the
     quotas hold)."""
-    argv = [sys.executable, str(Path(__file__).with_name("solo.py")), experiment["recipe"],
-            json.dumps(experiment["recipe_params"]), str(experiment["batch_size_per_step"]), str(seconds)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-
     def start(host: Host) -> subprocess.Popen:
-        return lab.popen(host, argv, stdout=subprocess.PIPE, text=True, env=env)
+        return start_solo(lab, host, experiment, seconds)
 
     def rate(proc: subprocess.Popen) -> float:
         out, _ = proc.communicate(timeout=seconds + 120)
@@ -129,12 +133,7 @@ class Reference:
     ``netlab.solo_rates`` reads a rate from the same loop's output alone."""
 
     def __init__(self, lab: Lab, host: Host, experiment: dict, seconds: float = 3600.0):
-        argv = [sys.executable, str(Path(__file__).with_name("solo.py")), experiment["recipe"],
-                json.dumps(experiment["recipe_params"]), str(experiment["batch_size_per_step"]), str(seconds),
-                "stream"]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.host = host
-        self.proc = lab.popen(host, argv, stdout=subprocess.PIPE, text=True, env=env)
+        self.proc = start_solo(lab, host, experiment, seconds, "stream")
         self._latest: tuple[float, int] | None = None
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
