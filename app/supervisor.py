@@ -137,13 +137,15 @@ class Supervisor(QObject):
             start = msgspec.structs.replace(start, limits=self.limits)
         self.worker = self.last_state = self._frozen = None
 
-        def work() -> WorkerProcess:
+        def work() -> WorkerProcess | None:
             # the one launched last, even if the GUI thread has not heard of it yet: two workers
             # at once would share the peer identity ("already taken by another peer")
             old, self._launched = self._launched, None
             if old is not None:
                 old.stop(timeout=self.stop_timeout)
             self._clear_pid_file()
+            if generation != self._generation:  # relaunched or left meanwhile: that one runs
+                return None
             if self.recorder is not None:
                 self.recorder.begin(start.experiment.get("id", "unknown"))
             log = _worker_log()
@@ -159,7 +161,9 @@ class Supervisor(QObject):
                              name=f"watch-{worker.pid}").start()
             return worker
 
-        def started(worker: WorkerProcess) -> None:
+        def started(worker: WorkerProcess | None) -> None:
+            if worker is None:
+                return
             if generation != self._generation:  # left or relaunched meanwhile
                 self._lifecycle.submit(worker.stop, self.stop_timeout)
                 return
@@ -173,7 +177,13 @@ class Supervisor(QObject):
             if generation == self._generation:
                 self._failed(f"The worker could not start: {user_message(exc).line()}")
 
-        self.bridge.run(lambda: self._lifecycle.submit(work).result(), started, failed)
+        # queued here, in the order of the calls: the bridge's threads start their work in any order,
+        # and a relaunch that ran before the one asked earlier was stopped by it ("stopped unexpectedly")
+        try:
+            launch = self._lifecycle.submit(work)
+        except RuntimeError:  # shut down: the app is quitting
+            return
+        self.bridge.run(launch.result, started, failed)
 
     def _stop_current(self, done=None) -> None:
         worker, self.worker = self.worker, None

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -297,6 +298,30 @@ def workers_of(home: Path) -> list[int]:
     return pids
 
 
+class LastFirst:
+    """The app's bridge, whose threads start the first of two calls' work after the second's."""
+
+    def __init__(self, bridge):
+        self.bridge, self.calls, self.second = bridge, 0, threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.bridge, name)
+
+    def run(self, work, done=None, failed=None):
+        self.calls += 1
+        if self.calls == 1:
+            def late():
+                self.second.wait(10)
+                time.sleep(0.3)
+                return work()
+            return self.bridge.run(late, done, failed)
+
+        def early():
+            self.second.set()
+            return work()
+        return self.bridge.run(early, done, failed)
+
+
 def test_join_runs_one_worker_at_a_time(make_app, qtbot, home, signed_catalog_server):
     """Join saves the choice (which asks the policy at once) and the next tick asks again; a second
     click on Join comes too. Only one worker may run: two share the peer identity, and the second
@@ -316,8 +341,10 @@ def test_join_runs_one_worker_at_a_time(make_app, qtbot, home, signed_catalog_se
     assert most == 1 and len(seen) == 1, (most, seen)
 
     # Two relaunches in a row (a restart timer and a new join): the second comes before the GUI
-    # thread has heard of the first's worker, and must still stop it first.
+    # thread has heard of the first's worker, and must still stop it first. The bridge's threads
+    # take up the two in reverse order (they race; CI saw the first relaunch stop the second's worker).
     first = app.supervisor.worker.pid
+    app.supervisor.bridge = LastFirst(app.bridge)
     app.supervisor.join(app.supervisor.wanted)
     app.supervisor.join(app.supervisor.wanted)
     most = 0

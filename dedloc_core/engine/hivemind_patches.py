@@ -147,6 +147,16 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    its socket file stayed in /tmp: two per worker session (a join, a rejoin, the resume after a
    long pause), 4,838 on the dev VM after two days of tests and benchmarks. Now the replica is shut down after
    the handlers are gone (``P2P._terminate`` removes the file; a replica has no daemon to stop).
+18. ``a request from a process that has gone``: a call to the DHT travels through its pipe with
+   an ``MPFuture``, whose pipe end and shared state are file descriptors that the DHT process fetches
+   from the caller's ``multiprocessing.resource_sharer`` while it unpickles the message. An averager
+   that asks the DHT something as it shuts down has exited by then: the fetch fails. ``DHT.run``
+   (``dht/dht.py``) caught ``OSError`` and slept ``wait_timeout`` (3 s) before reading its pipe
+   again, so the DHT's own shutdown waited past its 3 s grace and was killed, leaving its p2pd
+   and its two socket files; an ``EOFError`` (the caller gone mid-handshake) killed the DHT
+   process outright. 6 of 20 lone sessions ended so (``tests/test_replica_sockets.py``'s probe).
+   Now the DHT reads each message's bytes first (a broken pipe still fails as before) and drops a
+   message it cannot unpickle: its caller can no longer hear the answer.
 """
 
 from __future__ import annotations
@@ -212,6 +222,7 @@ def install() -> None:
     _patch_leader_poll()
     _patch_inert_optimizer_init()
     _patch_replica_sockets()
+    _patch_dht_drops_orphans()
     from dedloc_core.engine import helper_threads
 
     helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "none"))
@@ -857,3 +868,44 @@ def _patch_replica_sockets() -> None:
                 await replica.shutdown()
 
     DecentralizedAverager._shutdown = _shutdown  # type: ignore[method-assign]
+
+
+class _OrphanTolerantPipe:
+    """Patch 18: the DHT's end of its pipe, whose ``recv`` drops a message it cannot unpickle."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    def recv(self):
+        from multiprocessing.reduction import ForkingPickler
+
+        data = self._conn.recv_bytes()  # a broken pipe raises here, as before
+        try:
+            return ForkingPickler.loads(data)
+        except Exception as exc:  # noqa: BLE001 - whatever the caller's process left behind
+            import logging
+
+            logging.getLogger(__name__).debug("The DHT dropped a request from a process that has gone (%r)", exc)
+            return "_drop_request", [], {}
+
+
+def _patch_dht_drops_orphans() -> None:
+    """Patch 18."""
+    from hivemind.dht import DHT
+
+    run = DHT.run
+
+    @functools.wraps(run)
+    def run_tolerant(self) -> None:  # the DHT's body, in its process (or thread: patch 11)
+        if not isinstance(self._inner_pipe, _OrphanTolerantPipe):
+            self._inner_pipe = _OrphanTolerantPipe(self._inner_pipe)
+        run(self)
+
+    async def _drop_request(self) -> None:
+        return None
+
+    DHT.run = run_tolerant  # type: ignore[method-assign]
+    DHT._drop_request = _drop_request
