@@ -2,8 +2,9 @@
 behind the swarm) sits that step out: no round, no optimizer step, its samples kept; once the swarm
 has taken the step it goes on at the swarm's step number with them, and its optimizer takes its next
 step twice
-(``swarm.RoundCountingOptimizer._update_global_epoch``). Real hivemind DHTs and averagers on
-loopback; the late round is a real StepControl in the stage a late round is in."""
+(``swarm.RoundCountingOptimizer._update_global_epoch``). So does a peer whose swarm took the step
+before it, unless its pre-scheduled round sits in the swarm's group. Real hivemind DHTs and averagers
+on loopback; the late round is a real StepControl in the stage a late round is in."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ opt = swarm.RoundCountingOptimizer(
     dht=first, run_id=run_id, params=model.parameters(), optimizer=partial(torch.optim.Adam, lr=0.1),
     target_batch_size=1000, batch_size_per_step=4, averaging_timeout=5.0, matchmaking_time=1.0, verbose=False,
     offload_optimizer=True, delay_optimizer_step=True, delay_grad_averaging=True, delay_state_averaging=True,
-    tracker_opts=FAST_TRACKER)
+    tracker_opts=FAST_TRACKER if "-un" not in sys.argv[1] else dict(min_refresh_period=600, max_refresh_period=600))
 if sys.argv[1] == "plain":  # hivemind's own step
     swarm.RoundCountingOptimizer._update_global_epoch = hivemind.Optimizer._update_global_epoch
 swarm_peer = ProgressTracker(dht=other, prefix=run_id, target_batch_size=1000, start=True)  # another peer
@@ -44,9 +45,49 @@ def until(condition, what):
 
 model(torch.randn(4, 4)).sum().backward()
 opt.step()  # one micro-batch: 4 samples accumulated, far from the target
-until(opt.tracker.fetched_global_progress_this_epoch.is_set, "the tracker never fetched the swarm's progress")
+if "-un" not in sys.argv[1]:  # (a slow tracker read the swarm once, as it started)
+    until(opt.tracker.fetched_global_progress_this_epoch.is_set, "the tracker never fetched the swarm's progress")
 before = [p.detach().clone() for p in model.parameters()]
 MPFuture()  # hivemind starts its future backend on the base class only
+if sys.argv[1].startswith("behind"):  # the swarm took step 0 before our tracker saw it
+    took = []
+    hivemind.Optimizer._update_global_epoch = lambda self, scaler: took.append(self.local_epoch)  # a step
+    if sys.argv[1] == "behind-grouped":  # our pre-scheduled round sits in the swarm's group, untriggered
+        ready = StepControl(scheduled_time=get_dht_time() + 5, deadline=get_dht_time() + 30, allow_retries=True,
+                            weight=1.0, data_for_gather=b"")
+        ready.attach(MPFuture(), MPFuture())
+        ready.stage = AveragingStage.AWAITING_TRIGGER
+        opt.scheduled_grads = ready
+    if sys.argv[1] in ("behind-joining", "behind-looking"):  # our round looks for a group, untriggered
+        looking = StepControl(scheduled_time=get_dht_time() + 5, deadline=get_dht_time() + 30, allow_retries=True,
+                              weight=1.0, data_for_gather=b"")
+        looking.attach(MPFuture(), MPFuture())
+        looking.stage = AveragingStage.LOOKING_FOR_GROUP
+        opt.scheduled_grads, opt.JOIN_GRACE = looking, 0.5
+    if sys.argv[1] == "behind-unchecked":  # as before: no look at the swarm's step
+        swarm.RoundCountingOptimizer._in_a_group = staticmethod(lambda scheduled: True)
+    swarm_peer.report_local_progress(local_epoch=1, samples_accumulated=5)
+    if "-un" in sys.argv[1]:  # our tracker reads the swarm every 10 minutes: it has not seen the step
+        def stored_epochs():
+            found = first.get(run_id + "_progress", latest=True)
+            return [v.value["epoch"] for v in found.value.values()] if found is not None else []
+        until(lambda: 1 in stored_epochs(), "the swarm's step 1 was never stored")
+        if sys.argv[1] == "behind-unlooked":
+            opt._look_at_the_swarm = lambda: None
+    else:
+        until(lambda: opt.tracker.global_epoch == 1, "the swarm's step 1 never reached the tracker")
+    if sys.argv[1] in ("behind-joining", "behind-looking"):
+        opt._update_global_epoch(None)  # it may be joining the swarm's group this moment: wait
+        print(took, opt.local_epoch, end=" ")
+        if sys.argv[1] == "behind-joining":
+            looking.stage = AveragingStage.AWAITING_TRIGGER  # the leader's word came: in the group
+        else:
+            opt._joining_since -= opt.JOIN_GRACE  # no word within the grace (no sleep: the tracker
+            # shares its record's key with swarm_peer here, and a refetch could read our own epoch 0)
+    opt._update_global_epoch(None)
+    print(took, opt.local_epoch, opt.grad_averager.local_samples_accumulated, opt.steps_sat_out, flush=True)
+    swarm_peer.shutdown(); opt.shutdown(); other.shutdown(); first.shutdown()
+    sys.exit(0)
 late = StepControl(scheduled_time=get_dht_time() - 5, deadline=get_dht_time() + 30, allow_retries=True,
                    weight=1.0, data_for_gather=b"")
 trigger, cancel = MPFuture(), MPFuture()
@@ -108,3 +149,34 @@ def test_when_the_late_round_ends_before_the_swarm_moves_on_the_peer_takes_the_s
 
 def test_hivemind_steps_at_once_and_its_samples_go_to_a_round_of_their_own():
     assert probe("plain") == "1 0 0"  # (a round that would join the swarm's next one)
+
+
+def test_a_peer_that_saw_the_swarm_step_late_goes_on_at_its_step_without_a_round():
+    # no step of its own (a round begun now would join the swarm's next group: a round behind for
+    # good), the swarm's step number, its 4 samples kept for that step's round, one step sat out
+    assert probe("behind") == "[] 1 4 1"
+
+
+def test_a_peer_whose_round_sits_in_the_swarms_group_takes_the_step():
+    assert probe("behind-grouped") == "[0] 0 4 0"  # the group waits for its trigger
+
+
+def test_without_the_check_the_late_peer_steps_into_the_swarms_next_round():
+    assert probe("behind-unchecked") == "[0] 0 4 0"
+
+
+def test_a_peer_whose_round_is_in_no_group_reads_the_swarm_before_it_steps():
+    assert probe("behind-unseen") == "[] 1 4 1"  # its tracker's next read was 10 minutes away
+
+
+def test_without_that_read_it_steps_on_its_old_look_at_the_swarm():
+    assert probe("behind-unlooked") == "[0] 0 4 0"
+
+
+def test_a_round_that_may_be_joining_the_swarms_group_gets_a_moment_to_hear_it():
+    # first call: no step, no going on; the round is then in the group: the step is taken
+    assert probe("behind-joining") == "[] 0 [0] 0 4 0"
+
+
+def test_a_round_that_hears_nothing_within_the_grace_goes_on_without_the_step():
+    assert probe("behind-looking") == "[] 0 [] 1 4 1"

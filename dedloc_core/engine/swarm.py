@@ -482,6 +482,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     _owed_steps: OwedSteps | None = None  # wraps the offloaded optimizer's step (_make_state_averager)
     steps_sat_out = 0
     _sitting_out: int | None = None  # the step sat out, until the swarm leaves it or the late round ends
+    _joining_since: float | None = None  # our round looks for a group while the swarm has moved on
+    JOIN_GRACE = 1.0  # seconds a looking round gets to hear it joined the swarm's group for the step
 
     def _maybe_schedule_gradient_averaging(self) -> None:
         """hivemind schedules the next step's round as soon as the last one was triggered; with
@@ -511,7 +513,18 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         number, its samples carried into that step's round, which it can then schedule in time (if
         the late round ends first, the swarm's other peers were late too: it takes the step). The
         optimizer owes the step sat out (``OwedSteps``): its next step, with the late round's average
-        (the swarm's for the step sat out), is taken twice."""
+        (the swarm's for the step sat out), is taken twice.
+
+        A peer whose swarm has already taken this step is a round behind the same way, unless its
+        pre-scheduled round already sits in the swarm's group for the step: it goes on at the swarm's
+        step at once. In the network lab the fastest volunteer, alone when it last read the swarm's
+        progress, stepped 1.1 s after the others; from then on each of its parameter rounds began a
+        step late, and the others timed out waiting for it (the "stalled" parameter rounds of a
+        quarter of the runs). Its tracker reads the swarm's progress every few seconds, so a peer
+        whose round is in no group reads it again before it steps (a round pre-scheduled late, on an
+        ETA the swarm beat by 3 s, missed the group by 0.1 s). A round still looking then gets a
+        moment to hear that it joined the swarm's group for the step (one heard it 5 ms after its
+        peer had gone on without it, and the group waited 5 s for its trigger)."""
         last = self.scheduled_grads
         if self._sitting_out is not None and self.local_epoch != self._sitting_out:
             self._sitting_out = None  # a state load moved this peer meanwhile
@@ -525,6 +538,22 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             # the late round ended and the swarm did not move on (its other peers were late too, as
             # when rounds outlast steps: all of them sat out, and none would ever move on): step
             return super()._update_global_epoch(grad_scaler)
+        joining, self._joining_since = self._joining_since, None
+        if joining is None and not self._in_a_group(last) and self.tracker.global_epoch <= self.local_epoch:
+            self._look_at_the_swarm()  # our last look may be seconds old: did the swarm step already?
+        if self.tracker.global_epoch > self.local_epoch and not self._in_a_group(last):
+            if self._may_be_joining(last, joining):
+                return  # keep accumulating; the next micro-batch decides
+            # the swarm took this step without us (our tracker saw it late): a round begun now would
+            # find no group for it and join the swarm's next one, a round behind from then on (its
+            # parameter rounds triggered a step after the others': they timed out waiting for us)
+            logger.info("The swarm took step %d without us: going on at step %d with our samples",
+                        self.local_epoch, self.tracker.global_epoch)
+            if self.scheduled_state is not None and not self.scheduled_state.done():
+                self.scheduled_state.cancel()
+                self.scheduled_state = None
+            self.steps_sat_out += 1
+            return self._go_on_at(self.tracker.global_epoch)
         if (last is None or not last.triggered or last.done()
                 or last.stage != AveragingStage.LOOKING_FOR_GROUP):
             return super()._update_global_epoch(grad_scaler)
@@ -534,6 +563,38 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             self.scheduled_state = None
         self._sitting_out = self.local_epoch
         self.steps_sat_out += 1
+
+    def _look_at_the_swarm(self, timeout: float = 1.0) -> None:
+        """Read the swarm's progress now (one DHT get) instead of at the tracker's next fetch."""
+        tracker = self.tracker
+        future = self.dht.get(tracker.training_progress_key, latest=True, return_future=True)
+        try:
+            found = future.result(timeout)
+        except Exception as exc:  # a slow or failed get: decide on the last look, as before
+            future.cancel()
+            logger.debug("Could not read the swarm's progress: %r", exc)
+            return
+        metadata = getattr(found, "value", None)
+        with tracker.lock_global_progress:
+            tracker.global_progress = tracker._parse_swarm_progress_data(metadata)
+
+    def _may_be_joining(self, last, since: float | None) -> bool:
+        """Our untriggered round still looks for a group: the swarm's group for this step may have
+        just taken it in (the leader's word takes a network trip). Wait up to ``JOIN_GRACE`` for it:
+        a round that joined and then heard no trigger held the group until our next step."""
+        if last is None or last.triggered or last.done() or last.stage != AveragingStage.LOOKING_FOR_GROUP:
+            return False
+        now = time.monotonic()
+        if since is not None and now - since >= self.JOIN_GRACE:
+            return False
+        self._joining_since = now if since is None else since
+        return True
+
+    @staticmethod
+    def _in_a_group(scheduled) -> bool:
+        """Our pre-scheduled round already sits in a group, waiting for this step's trigger."""
+        return (scheduled is not None and not scheduled.triggered and not scheduled.done()
+                and scheduled.stage in (AveragingStage.AWAITING_TRIGGER, AveragingStage.RUNNING_ALLREDUCE))
 
     def _go_on_at(self, epoch: int) -> None:
         """Take the swarm's step number without a step of our own, keeping the samples accumulated.
