@@ -515,10 +515,10 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         optimizer owes the step sat out (``OwedSteps``): its next step, with the late round's average
         (the swarm's for the step sat out), is taken twice.
 
-        A peer whose swarm has already taken this step is a round behind the same way, unless its
-        pre-scheduled round already sits in the swarm's group for the step: it goes on at the swarm's
-        step at once. In the network lab the fastest volunteer, alone when it last read the swarm's
-        progress, stepped 1.1 s after the others; from then on each of its parameter rounds began a
+        With overlap, a peer whose swarm has already taken this step is a round behind the same way,
+        unless its pre-scheduled round already sits in the swarm's group for the step: it goes on at
+        the swarm's step at once (without overlap its step waits in the round, as hivemind's does).
+        In the network lab the fastest volunteer, alone when it last read the swarm's progress, stepped 1.1 s after the others; from then on each of its parameter rounds began a
         step late, and the others timed out waiting for it (the "stalled" parameter rounds of a
         quarter of the runs). Its tracker reads the swarm's progress every few seconds, so a peer
         whose round is in no group reads it again before it steps (a round pre-scheduled late, on an
@@ -539,9 +539,10 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             # when rounds outlast steps: all of them sat out, and none would ever move on): step
             return super()._update_global_epoch(grad_scaler)
         joining, self._joining_since = self._joining_since, None
-        if joining is None and not self._in_a_group(last) and self.tracker.global_epoch <= self.local_epoch:
+        behind = self.delay_grad_averaging and not self._in_a_group(last)  # (without overlap the step waits)
+        if behind and joining is None and self.tracker.global_epoch <= self.local_epoch:
             self._look_at_the_swarm()  # our last look may be seconds old: did the swarm step already?
-        if self.tracker.global_epoch > self.local_epoch and not self._in_a_group(last):
+        if behind and self.tracker.global_epoch > self.local_epoch:
             if self._may_be_joining(last, joining):
                 return  # keep accumulating; the next micro-batch decides
             # the swarm took this step without us (our tracker saw it late): a round begun now would
