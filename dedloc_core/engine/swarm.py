@@ -516,15 +516,16 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         (the swarm's for the step sat out), is taken twice.
 
         With overlap, a peer whose swarm has already taken this step is a round behind the same way,
-        unless its pre-scheduled round already sits in the swarm's group for the step: it goes on at
-        the swarm's step at once (without overlap its step waits in the round, as hivemind's does).
-        In the network lab the fastest volunteer, alone when it last read the swarm's progress, stepped 1.1 s after the others; from then on each of its parameter rounds began a
-        step late, and the others timed out waiting for it (the "stalled" parameter rounds of a
-        quarter of the runs). Its tracker reads the swarm's progress every few seconds, so a peer
-        whose round is in no group reads it again before it steps (a round pre-scheduled late, on an
-        ETA the swarm beat by 3 s, missed the group by 0.1 s). A round still looking then gets a
-        moment to hear that it joined the swarm's group for the step (one heard it 5 ms after its
-        peer had gone on without it, and the group waited 5 s for its trigger)."""
+        unless its pre-scheduled round already sits in the swarm's group for the step: it goes on at the
+        swarm's step at once (without overlap its step waits in the round, as hivemind's does). In the
+        network lab the fastest volunteer, alone when it last read the swarm's progress, stepped 1.1 s
+        after the others; from then on each of its parameter rounds began a step late, and the others
+        timed out waiting for it (the "stalled" parameter rounds of a quarter of the runs). Its tracker
+        reads the swarm's progress every few seconds, so a peer whose round is in no group reads it
+        again before it steps (a round pre-scheduled late, on an ETA the swarm beat by 3 s, missed the
+        group by 0.1 s). A round still looking then gets a moment to hear that it joined the swarm's
+        group for the step (one heard it 5 ms after its peer had gone on without it, and the group
+        waited 5 s for its trigger)."""
         last = self.scheduled_grads
         if self._sitting_out is not None and self.local_epoch != self._sitting_out:
             self._sitting_out = None  # a state load moved this peer meanwhile
