@@ -551,19 +551,20 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             # parameter rounds triggered a step after the others': they timed out waiting for us)
             logger.info("The swarm took step %d without us: going on at step %d with our samples",
                         self.local_epoch, self.tracker.global_epoch)
-            if self.scheduled_state is not None and not self.scheduled_state.done():
-                self.scheduled_state.cancel()
-                self.scheduled_state = None
-            self.steps_sat_out += 1
+            self._skip_step()
             return self._go_on_at(self.tracker.global_epoch)
         if (last is None or not last.triggered or last.done()
                 or last.stage != AveragingStage.LOOKING_FOR_GROUP):
             return super()._update_global_epoch(grad_scaler)
         logger.info("Our last round is still looking for a group: sitting step %d out", self.local_epoch)
-        if self.scheduled_state is not None and not self.scheduled_state.done():
-            self.scheduled_state.cancel()  # a parameter round for a step we do not take
-            self.scheduled_state = None
+        self._skip_step()
         self._sitting_out = self.local_epoch
+
+    def _skip_step(self) -> None:
+        """This peer takes no step now: no parameter round for it either."""
+        if self.scheduled_state is not None and not self.scheduled_state.done():
+            self.scheduled_state.cancel()
+            self.scheduled_state = None
         self.steps_sat_out += 1
 
     def _look_at_the_swarm(self, timeout: float = 1.0) -> None:
