@@ -64,6 +64,23 @@ if sys.argv[1].startswith("behind"):  # the swarm took step 0 before our tracker
         looking.attach(MPFuture(), MPFuture())
         looking.stage = AveragingStage.LOOKING_FOR_GROUP
         opt.scheduled_grads, opt.JOIN_GRACE = looking, 0.5
+    if sys.argv[1] == "behind-joins-now":  # the leader's word comes between two looks at our round
+        class JoinsWhileAsked(StepControl):
+            reads = 0
+
+            @property
+            def stage(self):
+                JoinsWhileAsked.reads += 1
+                return AveragingStage.LOOKING_FOR_GROUP if self.reads == 1 else AveragingStage.AWAITING_TRIGGER
+
+            @stage.setter
+            def stage(self, value):
+                pass
+
+        joins = JoinsWhileAsked(scheduled_time=get_dht_time() + 5, deadline=get_dht_time() + 30,
+                                allow_retries=True, weight=1.0, data_for_gather=b"")
+        joins.attach(MPFuture(), MPFuture())
+        opt.scheduled_grads = joins
     if sys.argv[1] == "behind-unchecked":  # as before: no look at the swarm's step
         swarm.RoundCountingOptimizer._in_a_group = staticmethod(lambda scheduled: True)
     swarm_peer.report_local_progress(local_epoch=1, samples_accumulated=5)
@@ -176,6 +193,12 @@ def test_without_that_read_it_steps_on_its_old_look_at_the_swarm():
 def test_a_round_that_may_be_joining_the_swarms_group_gets_a_moment_to_hear_it():
     # first call: no step, no going on; the round is then in the group: the step is taken
     assert probe("behind-joining") == "[] 0 [0] 0 4 0"
+
+
+def test_a_round_that_joins_the_swarms_group_while_the_peer_looks_takes_the_step():
+    # the round read as looking, then as in the group: going on would leave the group waiting for
+    # its trigger until this peer's next step (a newcomer in bench/join_time.py, 2 runs of 2)
+    assert probe("behind-joins-now") == "[0] 0 4 0"
 
 
 def test_a_round_that_hears_nothing_within_the_grace_goes_on_without_the_step():

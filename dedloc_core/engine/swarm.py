@@ -546,6 +546,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         if behind and self.tracker.global_epoch > self.local_epoch:
             if self._may_be_joining(last, joining):
                 return  # keep accumulating; the next micro-batch decides
+            if self._in_a_group(last):  # it joined the swarm's group since we looked: take the step
+                return super()._update_global_epoch(grad_scaler)
             # the swarm took this step without us (our tracker saw it late): a round begun now would
             # find no group for it and join the swarm's next one, a round behind from then on (its
             # parameter rounds triggered a step after the others': they timed out waiting for us)
