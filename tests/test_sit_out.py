@@ -103,6 +103,8 @@ if sys.argv[1].startswith("behind"):  # the swarm took step 0 before our tracker
             # shares its record's key with swarm_peer here, and a refetch could read our own epoch 0)
     opt._update_global_epoch(None)
     print(took, opt.local_epoch, opt.grad_averager.local_samples_accumulated, opt.steps_sat_out, flush=True)
+    if sys.argv[1] == "behind-looking":  # our round for the step the swarm took: no longer looking
+        print(looking.cancelled(), opt.scheduled_grads is None)
     swarm_peer.shutdown(); opt.shutdown(); other.shutdown(); first.shutdown()
     sys.exit(0)
 late = StepControl(scheduled_time=get_dht_time() - 5, deadline=get_dht_time() + 30, allow_retries=True,
@@ -202,4 +204,6 @@ def test_a_round_that_joins_the_swarms_group_while_the_peer_looks_takes_the_step
 
 
 def test_a_round_that_hears_nothing_within_the_grace_goes_on_without_the_step():
-    assert probe("behind-looking") == "[] 0 [] 1 4 1"
+    # and its round is cancelled: left looking, it could join the group of the step the swarm took
+    # and hold it waiting for a trigger that comes a step later
+    assert probe("behind-looking") == "[] 0 [] 1 4 1 True True"

@@ -553,6 +553,11 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             # parameter rounds triggered a step after the others': they timed out waiting for us)
             logger.info("The swarm took step %d without us: going on at step %d with our samples",
                         self.local_epoch, self.tracker.global_epoch)
+            if last is not None and not last.triggered and not last.done():
+                # our round for the step the swarm took: left looking, it joined that step's group
+                # late and held it until our next step (run 77 of the lab: three rounds failed so)
+                last.cancel()
+                self.scheduled_grads = None
             self._skip_step()
             return self._go_on_at(self.tracker.global_epoch)
         if (last is None or not last.triggered or last.done()
