@@ -525,7 +525,9 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         again before it steps (a round pre-scheduled late, on an ETA the swarm beat by 3 s, missed the
         group by 0.1 s). A round still looking then gets a moment to hear that it joined the swarm's
         group for the step (one heard it 5 ms after its peer had gone on without it, and the group
-        waited 5 s for its trigger)."""
+        waited 5 s for its trigger). A round found in the group after that moment takes the step, and one
+        still looking is cancelled when the peer goes on (left looking, it joined the group of the step
+        the swarm took, late, and held it until the peer's next step)."""
         last = self.scheduled_grads
         if self._sitting_out is not None and self.local_epoch != self._sitting_out:
             self._sitting_out = None  # a state load moved this peer meanwhile
