@@ -668,10 +668,14 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             # (tests/test_bandwidth_netns.py). Go on at the swarm's step instead: the optimizer owes
             # the steps (OwedSteps replays two at most); our parameters, older by the rest, meet the
             # swarm's at the next parameter round.
-            logger.info("The swarm reached step %d while we loaded its state of step %d: going on from there",
-                        self.tracker.global_epoch, self.local_epoch)
-            self._should_check_synchronization_on_update = False
-            self._go_on_at(self.tracker.global_epoch)
+            self._go_on_after_load()
+
+    def _go_on_after_load(self) -> None:
+        """Take the swarm's step number after a state load the swarm outpaced (no second download)."""
+        logger.info("The swarm reached step %d while we loaded its state of step %d: going on from there",
+                    self.tracker.global_epoch, self.local_epoch)
+        self._should_check_synchronization_on_update = False
+        self._go_on_at(self.tracker.global_epoch)
 
     def _should_load_state_from_peers(self) -> bool:
         fetched = self.tracker.fetched_global_progress_this_epoch.is_set()
@@ -682,10 +686,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
                 # step): take its step number, as hivemind's load_state_from_peers does when it sees the
                 # new step at load time, instead of downloading the whole state again. The optimizer
                 # owes that step: its next one is taken twice (OwedSteps).
-                self._should_check_synchronization_on_update = False
-                logger.info("The swarm reached step %d while we loaded its state: going on from there",
-                            self.tracker.global_epoch)
-                self._go_on_at(self.tracker.global_epoch)
+                self._go_on_after_load()
                 return False
         return super()._should_load_state_from_peers()
 
