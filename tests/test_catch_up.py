@@ -55,13 +55,17 @@ def wait_for_tracker(epoch):
 if mode == "stale-state":  # the swarm is already ahead when we begin, and the state served is older
     swarm_at(ahead)
     wait_for_tracker(ahead)
+elif mode == "after":  # the swarm steps just after the download and our look at it
+    opt.load_state_from_peers()
+    swarm_at(ahead)
 else:  # the swarm steps while the download lasts (no peer serves a state here: we stay at step 0)
     download = opt.state_averager.load_state_from_peers
     def slow_download(**kwargs):
         swarm_at(ahead)
         return download(**kwargs)
     opt.state_averager.load_state_from_peers = slow_download
-opt.load_state_from_peers()
+if mode != "after":
+    opt.load_state_from_peers()
 wait_for_tracker(ahead)
 print(opt._should_load_state_from_peers(), opt.local_epoch)
 tracker.shutdown()
@@ -80,6 +84,11 @@ def probe(mode: str, ahead: int) -> str:
 
 def test_a_peer_that_just_loaded_the_state_takes_the_swarms_next_step_without_loading_again():
     assert probe("patched", 1) == "False 1"
+
+
+def test_a_peer_whose_swarm_steps_just_after_the_load_takes_that_step_without_loading_again():
+    # (the strict check at the tracker's first read after the load: _should_load_state_from_peers)
+    assert probe("after", 1) == "False 1"
 
 
 def test_a_peer_the_swarm_outpaced_by_steps_during_its_download_goes_on_from_the_swarms_step():
