@@ -2,7 +2,8 @@
 and so does the task serving a connection to a unix-socket server; patch 9: an averager renews its
 state record before the record expires, and does not store it again for each averaged tensor;
 patch 10: a cancelled averaging step reads cancelled by the time the averager hears of the cancel;
-patch 12: a step whose all-reduce ran and failed is not run again."""
+patch 12: a step whose all-reduce ran and failed is not run again; patch 19: a store of a key goes where
+the key's last store went."""
 
 from __future__ import annotations
 
@@ -429,3 +430,65 @@ def test_a_step_whose_all_reduce_failed_fails_at_once():
 def test_without_the_patch_the_step_looks_for_a_new_group_until_its_deadline():
     outcome, retried = rerun("plain")
     assert outcome[0] == 2 and retried  # nobody else is looking: the retries find no group
+
+
+# Patch 19: the finds a peer's DHT sends while it stores the same key three times among four DHTs on
+# loopback, then once more after one of the nodes that held it has left, and once after that.
+STORES = """
+import multiprocessing as mp, sys
+import hivemind
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.utils import get_dht_time
+if sys.argv[1] == "patched":
+    from dedloc_core.engine import hivemind_patches
+    hivemind_patches.install()
+finds = mp.Value("i", 0)
+call_find = DHTProtocol.call_find
+async def counted(self, *args, **kwargs):
+    with finds.get_lock():
+        finds.value += 1
+    return await call_find(self, *args, **kwargs)
+DHTProtocol.call_find = counted
+local = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+first = hivemind.DHT(start=True, **local)
+nodes = [first] + [hivemind.DHT(start=True, initial_peers=first.get_visible_maddrs(), **local) for _ in range(3)]
+storer = nodes[1]
+def store(value):
+    before = finds.value
+    ok = storer.store("progress", value, get_dht_time() + 60)
+    return ok, finds.value - before
+def seen(readers):
+    return [reader.get("progress", latest=True).value for reader in readers]
+rows = []
+for value in range(3):
+    ok, sent = store(value)
+    rows.append([ok, sent, seen(nodes)])
+nodes[3].shutdown()
+for value in range(3, 5):
+    ok, sent = store(value)
+    rows.append([ok, sent, seen(nodes[:3])])
+print(rows)
+for node in nodes[:3]:
+    node.shutdown()
+"""
+
+
+def store_finds(mode: str) -> list:
+    out = subprocess.run([sys.executable, "-c", STORES, mode], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1].replace("True", "true").replace("False", "false"))
+
+
+def test_a_peer_stores_a_key_where_its_last_store_of_it_went_without_searching_again():
+    rows = store_finds("patched")
+    assert [ok for ok, _, _ in rows] == [True] * 5
+    assert [values for _, _, values in rows] == [[0] * 4, [1] * 4, [2] * 4, [3] * 3, [4] * 3]  # every node has it
+    sends = [sent for _, sent, _ in rows]
+    assert sends[0] > 0 and sends[1] == sends[2] == 0, sends  # found once, then reused
+    assert sends[3] == 0 and sends[4] > 0, sends  # the store that met the gone node drops it: the next searches
+
+
+def test_without_the_patch_every_store_searches_the_dht_first():
+    rows = store_finds("plain")
+    assert [ok for ok, _, _ in rows] == [True] * 5
+    assert all(sent > 0 for _, sent, _ in rows), rows
