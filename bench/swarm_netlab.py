@@ -51,6 +51,7 @@ Rows, over the window between the first and the last global step:
 - loss @ N samples: the volunteers' mean training loss (EMA) when the swarm had computed N samples
   in all (N: the smaller of the two modes' totals, so both columns are read at the same N);
 - failed msgs: "Averaging step failed" messages in the volunteers' logs until the last global step
+- goings-on: times a volunteer went on at the swarm's step ("The swarm took step N without us"), same logs
   (not after: the first volunteer stopped leaves the others' last round, which then fails).
 A mode that fails is printed as ``invalid``.
 """
@@ -152,6 +153,7 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
         last = min(p.step for p in peers)
         logs = "".join(p.log_tail(10**8) for p in peers)  # before the stop: a peer that leaves fails the last round
         failed = logs.count("Averaging step failed") + logs.count("AllreduceException")
+        went_on = logs.count("without us: going on")
         for p in peers:
             p.stop()
         reference.stop()
@@ -171,7 +173,8 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
             "step": wall / max(last - first, 1),
             "round": (end["avg_s"] - base["avg_s"]) / rounds if rounds else float("nan"),
             "bps": (end["tx"] - base["tx"]) / max(samples, 1),
-            "bb_bps": (end["bb_rx"] - base["bb_rx"]) / max(samples, 1), "failed": failed, "history": history,
+            "bb_bps": (end["bb_rx"] - base["bb_rx"]) / max(samples, 1), "failed": failed, "went_on": went_on,
+            "history": history,
             "steps": last - first, "cpu": cpu,
             "busy": (end["compute"] - base["compute"]) / len(peers) / wall}
 
@@ -319,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             ("loop in step/batch", lambda r: f"{r['busy']:.2f}"),
             ("loop efficiency", lambda r: f"{r['swarm'] * args.cpu / (r['cpu']['loop'] * r['beside']):.2f}"),
             (f"loss @ {common} samples", lambda r: f"{loss_at(r['history'], common):.4f}"),
-            ("failed msgs", lambda r: str(r["failed"]))]
+            ("failed msgs", lambda r: str(r["failed"])),
+            ("goings-on", lambda r: str(r["went_on"]))]
     print(f"{'':24}" + "".join(f"{n:>20}" for n in results))
     for label, cell in rows:
         print(f"{label:24}" + "".join(f"{cell(r) if isinstance(r, dict) else r[:19]:>20}" for r in results.values()))
