@@ -435,7 +435,7 @@ def test_without_the_patch_the_step_looks_for_a_new_group_until_its_deadline():
 # Patch 19: the finds a peer's DHT sends while it stores the same key three times among four DHTs on
 # loopback, then once more after one of the nodes that held it has left, and once after that.
 STORES = """
-import multiprocessing as mp, sys
+import json, multiprocessing as mp, sys
 import hivemind
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.utils import get_dht_time
@@ -467,7 +467,7 @@ nodes[3].shutdown()
 for value in range(3, 5):
     ok, sent = store(value)
     rows.append([ok, sent, seen(nodes[:3])])
-print(rows)
+print(json.dumps(rows))
 for node in nodes[:3]:
     node.shutdown()
 """
@@ -476,7 +476,7 @@ for node in nodes[:3]:
 def store_finds(mode: str) -> list:
     out = subprocess.run([sys.executable, "-c", STORES, mode], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1].replace("True", "true").replace("False", "false"))
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_a_peer_stores_a_key_where_its_last_store_of_it_went_without_searching_again():

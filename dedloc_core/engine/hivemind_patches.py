@@ -922,8 +922,8 @@ def _patch_dht_drops_orphans() -> None:
 
 
 def _patch_store_where_last_stored() -> None:
-    """Patch 19. ``store_many`` is the only caller that passes ``found_callback`` (gets pass none), and it
-    uses only the callback, not the result."""
+    """Patch 19. ``store_many`` is the only caller that passes ``found_callback`` (gets call
+    ``traverse_dht`` themselves), and it uses only the callback, not the result."""
     import time
 
     from hivemind.dht.node import DHTNode
