@@ -107,6 +107,27 @@ if sys.argv[1].startswith("behind"):  # the swarm took step 0 before our tracker
         print(looking.cancelled(), opt.scheduled_grads is None)
     swarm_peer.shutdown(); opt.shutdown(); other.shutdown(); first.shutdown()
     sys.exit(0)
+if sys.argv[1].startswith("group"):  # the swarm reached the target; nobody has stepped yet
+    took = []
+    hivemind.Optimizer._update_global_epoch = lambda self, scaler: took.append(self.local_epoch)  # a step
+    due = 5 if sys.argv[1] != "group-overdue" else -1.5  # our round's scheduled time, from now
+    ours = StepControl(scheduled_time=get_dht_time() + due, deadline=get_dht_time() + 30, allow_retries=True,
+                       weight=1.0, data_for_gather=b"")
+    ours.attach(MPFuture(), MPFuture())
+    ours.stage = AveragingStage.AWAITING_TRIGGER if sys.argv[1] == "group-formed" else AveragingStage.LOOKING_FOR_GROUP
+    opt.scheduled_grads = ours
+    if sys.argv[1] == "group-formed":  # our tracker: far from the target (4 of 1000 samples)
+        print(opt.tracker.ready_to_update_epoch, end=" ")
+        ours.scheduled_time = get_dht_time() - 0.1  # the group's time has come
+        print(opt.tracker.ready_to_update_epoch)
+    else:
+        opt._update_global_epoch(None)
+        print(took, opt.local_epoch, end=" ")
+        ours.stage = AveragingStage.AWAITING_TRIGGER  # its group formed
+        opt._update_global_epoch(None)
+        print(took, opt.local_epoch, opt.steps_sat_out)
+    swarm_peer.shutdown(); opt.shutdown(); other.shutdown(); first.shutdown()
+    sys.exit(0)
 late = StepControl(scheduled_time=get_dht_time() - 5, deadline=get_dht_time() + 30, allow_retries=True,
                    weight=1.0, data_for_gather=b"")
 trigger, cancel = MPFuture(), MPFuture()
@@ -207,3 +228,19 @@ def test_a_round_that_hears_nothing_within_the_grace_goes_on_without_the_step():
     # and its round is cancelled: left looking, it could join the group of the step the swarm took
     # and hold it waiting for a trigger that comes a step later
     assert probe("behind-looking") == "[] 0 [] 1 4 1 True True"
+
+
+def test_a_peer_whose_round_still_looks_for_its_group_accumulates_until_the_group_forms():
+    # the swarm reached the target, nobody stepped: no step while the round looks (its group is due
+    # in 5 s), the step once it is in the group. Stepping at once (hivemind) made the others, whose
+    # rounds looked too, see the swarm step without them and go on: the going-on cascade
+    assert probe("group-forming") == "[] 0 [0] 0 0"
+
+
+def test_a_round_still_looking_past_its_time_and_the_grace_takes_the_step_at_once():
+    assert probe("group-overdue") == "[0] 0 [0, 0] 0 0"  # (as hivemind: a lone peer finds no group)
+
+
+def test_a_round_in_its_group_past_its_time_makes_the_step_due_whatever_the_tracker_read():
+    # 4 samples of 1000 by the tracker's last read: not due before the group's time, due after it
+    assert probe("group-formed") == "False True"

@@ -23,6 +23,7 @@ from hivemind.averaging.control import AveragingStage
 from hivemind.compression import Float16Compression, NoCompression
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
+from hivemind.utils import get_dht_time
 from hivemind.utils.logging import use_hivemind_log_handler
 
 from . import hivemind_patches, no_dynamo, prefetch
@@ -441,11 +442,17 @@ class SwarmTracker(ProgressTracker):
 
     swarm_samples_per_second = 0.0
 
-    def __init__(self, *args, report_period: float = 1.0, start: bool = True, **kwargs):
+    def __init__(self, *args, report_period: float = 1.0, start: bool = True, group_waits=None, **kwargs):
         super().__init__(*args, start=False, **kwargs)
         self.should_report_progress = _PacedEvent(report_period)
+        self.group_waits = group_waits
         if start:
             self.start()
+
+    @property
+    def ready_to_update_epoch(self) -> bool:
+        """hivemind's, or the optimizer's round already in its group for the step (``group_waits``)."""
+        return super().ready_to_update_epoch or (self.group_waits is not None and self.group_waits())
 
     def report_local_progress(self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True):
         if local_epoch != self.local_progress.epoch or samples_accumulated == 0:
@@ -484,6 +491,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     _sitting_out: int | None = None  # the step sat out, until the swarm leaves it or the late round ends
     _joining_since: float | None = None  # our round looks for a group while the swarm has moved on
     JOIN_GRACE = 1.0  # seconds a looking round gets to hear it joined the swarm's group for the step
+    GROUP_GRACE = 1.0  # seconds past its scheduled time a looking round gets to form its group
+    _looked_at: int | None = None  # the step at whose end we last read the swarm's progress ourselves
 
     def _maybe_schedule_gradient_averaging(self) -> None:
         """hivemind schedules the next step's round as soon as the last one was triggered; with
@@ -543,7 +552,9 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             return super()._update_global_epoch(grad_scaler)
         joining, self._joining_since = self._joining_since, None
         behind = self.delay_grad_averaging and not self._in_a_group(last)  # (without overlap the step waits)
-        if behind and joining is None and self.tracker.global_epoch <= self.local_epoch:
+        if (behind and joining is None and self.tracker.global_epoch <= self.local_epoch
+                and self._looked_at != self.local_epoch):
+            self._looked_at = self.local_epoch  # (once a step: a wait for the group calls here each micro-batch)
             self._look_at_the_swarm()  # our last look may be seconds old: did the swarm step already?
         if behind and self.tracker.global_epoch > self.local_epoch:
             if self._may_be_joining(last, joining):
@@ -562,6 +573,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
                 self.scheduled_grads = None
             self._skip_step()
             return self._go_on_at(self.tracker.global_epoch)
+        if self._awaits_its_group(last):
+            return  # keep accumulating: the swarm has not stepped, and our round's group forms shortly
         if (last is None or not last.triggered or last.done()
                 or last.stage != AveragingStage.LOOKING_FOR_GROUP):
             return super()._update_global_epoch(grad_scaler)
@@ -601,6 +614,29 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             return False
         self._joining_since = now if since is None else since
         return True
+
+    def _awaits_its_group(self, last) -> bool:
+        """The swarm reached the target but nobody has stepped yet, and our pre-scheduled round still
+        looks for its group, due at the round's scheduled time: keep accumulating until it is in the
+        group (then every peer in it triggers at its next micro-batch) or ``GROUP_GRACE`` after that
+        time. A peer that stepped on a round still looking was the swarm's first step: the peers whose
+        rounds were looking too then saw the swarm step without them and went on with their samples,
+        which made the next step reach its target before the rounds pre-scheduled for it formed, and
+        the peers stepping then went on in their turn (the going-on cascade of the network lab)."""
+        if (not self.delay_grad_averaging or last is None or last.triggered or last.done()
+                or last.stage not in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)):
+            return False
+        return get_dht_time() < last.scheduled_time + self.GROUP_GRACE
+
+    def group_waits(self) -> bool:
+        """Our pre-scheduled round sits in its group past the time it was scheduled for, untriggered:
+        the group formed, so the swarm's step is due, whatever our tracker's last read of the swarm
+        says (a tracker that read it before the step's samples came in steps seconds later, and the
+        group's other peers, who sent their parts at once, gave up on ours: "no average from").
+        ``SwarmTracker.ready_to_update_epoch`` asks this."""
+        last = self.scheduled_grads
+        return (self.delay_grad_averaging and self._in_a_group(last)
+                and last.stage == AveragingStage.AWAITING_TRIGGER and get_dht_time() >= last.scheduled_time)
 
     @staticmethod
     def _in_a_group(scheduled) -> bool:
@@ -709,6 +745,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             client_mode=self.client_mode,
             status_loglevel=self.status_loglevel,
             start=True,
+            group_waits=self.group_waits,
             **kwargs,
         )
 
