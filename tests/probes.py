@@ -1,9 +1,33 @@
 """What the probe scripts share: they run in a fresh interpreter (``python -c`` in the repository's
-root), so a probe imports this as ``tests.probes``. Real hivemind DHTs on loopback."""
+root), so a probe imports this as ``tests.probes``. Real hivemind DHTs on loopback. The tests start
+them with ``run_probe`` / ``probe_json`` (imported as ``probes``: no torch in pytest's process)."""
 
 from __future__ import annotations
 
-import torch
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_probe(code: str, *args: str, timeout: float = 120) -> str:
+    """Run a probe script in a fresh interpreter in the repository's root: its stdout, stripped (the
+    test fails with the end of its stderr if it exits non-zero)."""
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip()
+
+
+def probe_json(code: str, *args: str, timeout: float = 120):
+    """The JSON a probe script prints last (``run_probe``)."""
+    return json.loads(run_probe(code, *args, timeout=timeout).splitlines()[-1])
 
 # a tracker that reads the swarm's progress every 0.2-0.5 s, so a probe sees a step at once
 FAST_TRACKER = dict(min_refresh_period=0.2, max_refresh_period=0.5, default_refresh_period=0.2)
@@ -13,6 +37,8 @@ def lone_optimizer(run_id: str, model: torch.nn.Module, *, lr: float, overlap: b
                    batch_size_per_step: int = 4):
     """A lone peer's optimizer as the worker builds it (``swarm.build_optimizer``, AdamW at ``lr``)
     on a fresh DHT: ``(dht, optimizer)``."""
+    import torch
+
     from dedloc_core.engine import swarm
 
     class Recipe:

@@ -6,11 +6,7 @@ when the download began is loaded again, as hivemind does. Real hivemind DHTs on
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from probes import run_probe
 
 PROBE = """
 import sys, time
@@ -76,10 +72,7 @@ first.shutdown()
 
 
 def probe(mode: str, ahead: int) -> str:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode, str(ahead)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
+    return run_probe(PROBE, mode, str(ahead), timeout=180).splitlines()[-1]
 
 
 def test_a_peer_that_just_loaded_the_state_takes_the_swarms_next_step_without_loading_again():

@@ -4,12 +4,7 @@ gradients. Real hivemind optimizers on a loopback DHT, in a fresh interpreter ea
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from probes import probe_json
 
 PROBE = """
 import dataclasses, json, sys, torch
@@ -88,9 +83,7 @@ dht.shutdown()
 
 
 def run(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=180, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return probe_json(PROBE, mode, timeout=180)
 
 
 def test_overlap_accumulates_in_grads_and_steps_on_the_mean_gradient():

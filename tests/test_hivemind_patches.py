@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from probes import probe_json, run_probe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,10 +52,7 @@ asyncio.run(main())
 
 
 def probe(mode: str, future: str) -> str:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode, future], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout.strip()
+    return run_probe(PROBE, mode, future)
 
 
 @pytest.mark.parametrize("future", ["mpfuture", "asyncio"])
@@ -102,9 +100,7 @@ averager.shutdown(); second.shutdown(); first.shutdown()
 
 
 def renewals(mode: str) -> tuple[float, int]:
-    out = subprocess.run([sys.executable, "-c", RECORDS, mode], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    least, missing = out.stdout.split()
+    least, missing = run_probe(RECORDS, mode).split()
     return float(least), int(missing)
 
 
@@ -158,10 +154,7 @@ second.shutdown(); first.shutdown()
 
 
 def round_records(mode: str) -> tuple[int, int, int]:
-    out = subprocess.run([sys.executable, "-c", ROUND_RECORDS, mode], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rounds, stores, records = out.stdout.split()
+    rounds, stores, records = run_probe(ROUND_RECORDS, mode).split()
     return int(rounds), int(stores), int(records)
 
 
@@ -210,10 +203,7 @@ dht.shutdown()
 
 
 def leader_fetches(mode: str) -> tuple[int, float]:
-    out = subprocess.run([sys.executable, "-c", LEADER_POLL, mode], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    fetches, seconds = out.stdout.split()
+    fetches, seconds = run_probe(LEADER_POLL, mode).split()
     return int(fetches), float(seconds)
 
 
@@ -262,9 +252,7 @@ asyncio.run(main())
 
 
 def writes(mode: str) -> int:
-    out = subprocess.run([sys.executable, "-c", WRITES, mode], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return int(out.stdout)
+    return int(run_probe(WRITES, mode, timeout=60))
 
 
 def test_a_daemon_message_is_one_write():
@@ -313,12 +301,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def run_probe(code: str, mode: str) -> str:
-    out = subprocess.run([sys.executable, "-c", code, mode], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout.strip()
 
 
 def test_the_task_serving_a_connection_survives_garbage_collection_with_the_patch():
@@ -474,9 +456,7 @@ for node in nodes[:3]:
 
 
 def store_finds(mode: str) -> list:
-    out = subprocess.run([sys.executable, "-c", STORES, mode], cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return probe_json(STORES, mode, timeout=180)
 
 
 def test_a_peer_stores_a_key_where_its_last_store_of_it_went_without_searching_again():

@@ -4,15 +4,11 @@ that waits for it. Real processes and threads on one CPU; Linux only."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from probes import probe_json, run_probe
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 
 PROBE = """
@@ -55,9 +51,7 @@ print(json.dumps(dict(changed=changed, share=share, main=os.sched_getscheduler(0
 
 
 def probe(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return probe_json(PROBE, mode, timeout=60)
 
 
 def test_a_helper_process_gets_the_cpu_before_the_training_threads():
@@ -103,9 +97,7 @@ print(json.dumps(got))
 def test_a_rejoins_helpers_are_forked_above_the_idle_loop():
     """A second session in the worker (a rejoin after a lost relay) starts its DHT and averagers
     from the idle loop's thread; hivemind_patches forks them above it (``limits.above_the_loop``)."""
-    out = subprocess.run([sys.executable, "-c", REJOIN], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = probe_json(REJOIN)
     assert got["direct"] == got["idle"], got  # a plain fork from the loop's thread: the loop's class
     assert got["first"] != got["idle"] and got["second"] != got["idle"], got
 
@@ -124,6 +116,5 @@ print(os.waitstatus_to_exitcode(status))
 
 
 def test_a_process_forked_after_the_launcher_gets_its_own():
-    out = subprocess.run([sys.executable, "-c", FORKED], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split()[-1] == "0", out.stdout  # -14: the child hung until its alarm
+    out = run_probe(FORKED, timeout=60)
+    assert out.split()[-1] == "0", out  # -14: the child hung until its alarm

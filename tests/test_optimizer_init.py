@@ -6,14 +6,8 @@ loopback DHT, in a fresh interpreter each, against plain ``torch.optim.AdamW``."
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from probes import probe_json
 
 PROBE = """
 import copy, json, sys, torch
@@ -45,9 +39,7 @@ dht.shutdown()
 
 @pytest.mark.parametrize("mode", ["plain", "overlap"])
 def test_the_first_global_step_is_adamws_first_step(mode):
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = probe_json(PROBE, mode, timeout=180)
     assert got["steps_before"] == [0], got  # the statistics exist, no step counted
     assert got["steps"] == [1], got
     # torch's first AdamW step moves each weight by about lr (0.1); with a step counted before it,

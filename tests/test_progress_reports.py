@@ -4,11 +4,7 @@ last report with samples in it is at most one epoch old. Real hivemind DHT on lo
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from probes import run_probe
 
 PROBE = """
 import time
@@ -36,8 +32,7 @@ dht.shutdown()
 
 
 def test_a_peer_stepping_faster_than_the_report_period_is_published():
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    last = out.stdout.strip().splitlines()[-1]
-    assert last.startswith("published at epoch ") and last != "published at epoch None", out.stdout[-2000:]
+    out = run_probe(PROBE, timeout=180)
+    last = out.splitlines()[-1]
+    assert last.startswith("published at epoch ") and last != "published at epoch None", out[-2000:]
     assert int(last.split()[-1]) <= 5, last  # within a few epochs of its first, not by luck

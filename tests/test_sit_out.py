@@ -8,11 +8,7 @@ on loopback; the late round is a real StepControl in the stage a late round is i
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from probes import run_probe
 
 PROBE = """
 import sys, time
@@ -116,6 +112,12 @@ if sys.argv[1].startswith("group"):  # the swarm reached the target; nobody has 
     ours.attach(MPFuture(), MPFuture())
     ours.stage = AveragingStage.AWAITING_TRIGGER if sys.argv[1] == "group-formed" else AveragingStage.LOOKING_FOR_GROUP
     opt.scheduled_grads = ours
+    if sys.argv[1] != "group-formed":  # our tracker's view, set here: another peer, the target reached
+        import dataclasses
+        opt.tracker.shutdown()  # (no refetch over it)
+        opt._look_at_the_swarm = lambda: None
+        opt.tracker.global_progress = dataclasses.replace(opt.tracker.global_progress, num_peers=2,
+                                                          samples_accumulated=1000)
     if sys.argv[1] == "group-formed":  # our tracker: far from the target (4 of 1000 samples)
         print(opt.tracker.ready_to_update_epoch, end=" ")
         ours.scheduled_time = get_dht_time() - 0.1  # the group's time has come
@@ -169,9 +171,7 @@ first.shutdown()
 
 
 def probe(mode: str) -> str:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return " ".join(out.stdout.split())
+    return " ".join(run_probe(PROBE, mode, timeout=180).split())
 
 
 def test_a_peer_a_round_behind_sits_the_step_out_and_goes_on_with_its_samples():
@@ -238,7 +238,7 @@ def test_a_peer_whose_round_still_looks_for_its_group_accumulates_until_the_grou
 
 
 def test_a_round_still_looking_past_its_time_and_the_grace_takes_the_step_at_once():
-    assert probe("group-overdue") == "[0] 0 [0, 0] 0 0"  # (as hivemind: a lone peer finds no group)
+    assert probe("group-overdue") == "[0] 0 [0, 0] 0 0"  # (as hivemind: a round that found no group)
 
 
 def test_a_round_in_its_group_past_its_time_makes_the_step_due_whatever_the_tracker_read():

@@ -4,12 +4,7 @@ Real DHTs, a real Optimizer and its averager process, the newcomer's download on
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from probes import probe_json
 
 PROBE = """
 import json, time
@@ -52,9 +47,7 @@ dht.shutdown()
 
 
 def test_the_state_crosses_to_the_averager_packed_and_reaches_the_newcomer_whole():
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = probe_json(PROBE, timeout=240)
     assert got["tensors"] > 10 and got["infos"] == got["tensors"], got  # 6 parameters, 3 Adam tensors each
     assert got["handed"] == 1, got  # all fp32: one buffer instead of one per tensor
     assert got["received"] == got["tensors"] and got["shapes"], got

@@ -624,7 +624,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         which made the next step reach its target before the rounds pre-scheduled for it formed, and
         the peers stepping then went on in their turn (the going-on cascade of the network lab)."""
         if (not self.delay_grad_averaging or last is None or last.triggered or last.done()
-                or last.stage not in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)):
+                or last.stage not in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)
+                or self.tracker.global_progress.num_peers <= 1):  # (alone: no round, hivemind steps at once)
             return False
         return get_dht_time() < last.scheduled_time + self.GROUP_GRACE
 
