@@ -50,8 +50,8 @@ class SwarmConfig:
     averaging_timeout: float = 30.0
     load_state_timeout: float = 60.0
     bandwidth: float | None = None
-    # how often peers fetch progress (seconds): hivemind's 0.5-10 s cost CPU; a fetch lands just before
-    # the step's round is scheduled (SwarmTracker.fetch_lead), at least this far apart (1 s until stop 44)
+    # how often peers fetch progress (seconds): hivemind's 0.5-10 s cost CPU; as the step's end nears
+    # a fetch comes every half of the time left, at least this far apart (1 s until stop 44)
     min_refresh_period: float = 2.0
     max_refresh_period: float = 10.0
     default_refresh_period: float = 3.0
@@ -250,7 +250,6 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
             max_refresh_period=cfg.max_refresh_period,
             default_refresh_period=cfg.default_refresh_period,
             report_period=cfg.progress_report_period,
-            fetch_lead=cfg.matchmaking_time + 0.5,
         ),
         verbose=False,
     )
@@ -443,9 +442,7 @@ class SwarmTracker(ProgressTracker):
 
     swarm_samples_per_second = 0.0
 
-    def __init__(self, *args, report_period: float = 1.0, start: bool = True, group_waits=None,
-                 fetch_lead: float | None = None, **kwargs):
-        self.fetch_lead = fetch_lead  # (hivemind's __init__ parses the swarm's progress once)
+    def __init__(self, *args, report_period: float = 1.0, start: bool = True, group_waits=None, **kwargs):
         super().__init__(*args, start=False, **kwargs)
         self.should_report_progress = _PacedEvent(report_period)
         self.group_waits = group_waits
@@ -473,20 +470,7 @@ class SwarmTracker(ProgressTracker):
                 if entry.value is not None:
                     total += LocalTrainingProgress.parse_obj(entry.value).samples_per_second
             self.swarm_samples_per_second = total
-        progress = super()._parse_swarm_progress_data(metadata)
-        if self.fetch_lead is not None and progress.num_peers > 1:
-            progress.next_fetch_time = self._next_fetch(progress.eta_next_epoch)
-        return progress
-
-    def _next_fetch(self, eta: float) -> float:
-        """When to read the swarm's progress next: ``fetch_lead`` seconds before the step's ETA, so
-        that the round pre-scheduled then (``matchmaking_time`` before it) is scheduled on a fresh
-        ETA; after that, once the step should have come (its round's group decides it, or the ETA
-        itself). hivemind fetched every half of the time left (four reads a step in the lab)."""
-        now = get_dht_time()
-        left = eta - now
-        wait = left - self.fetch_lead if left > self.fetch_lead else left + 1.0
-        return now + min(max(wait, self.min_refresh_period), self.max_refresh_period)
+        return super()._parse_swarm_progress_data(metadata)
 
 
 class RoundCountingOptimizer(hivemind.Optimizer):
