@@ -24,7 +24,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from dedloc_core import paths
 from dedloc_core.errors import DedlocError, user_message
 from dedloc_core.protocol import Error, Hello, Limits, Log, Pause, Progress, Resume, SetLimits, Start, State, Stats
-from dedloc_core.workerproc import StopResult, WorkerProcess
+from dedloc_core.workerproc import StopResult, WorkerProcess, remove_socket_dir
 
 from .bridge import Bridge
 
@@ -290,7 +290,8 @@ class Supervisor(QObject):
     def _write_pid_file(self, worker: WorkerProcess) -> None:
         try:
             created = psutil.Process(worker.pid).create_time()
-            paths.atomic_write(self.pid_file, json.dumps({"pid": worker.pid, "create_time": created}).encode())
+            record = {"pid": worker.pid, "create_time": created, "socket_dir": worker.socket_dir}
+            paths.atomic_write(self.pid_file, json.dumps(record).encode())
         except (OSError, psutil.Error) as exc:
             logger.warning("Cannot write %s: %s", self.pid_file, exc)
 
@@ -298,7 +299,8 @@ class Supervisor(QObject):
         self.pid_file.unlink(missing_ok=True)
 
     def reap_stale(self) -> bool:
-        """Kill the process group of a worker left by an earlier run of the app. True if one was found."""
+        """Kill the process group of a worker left by an earlier run of the app, and remove its socket
+        folder. True if one was found."""
         try:
             record = json.loads(self.pid_file.read_text())
             pid, created = int(record["pid"]), float(record["create_time"])
@@ -318,6 +320,8 @@ class Supervisor(QObject):
         except (psutil.Error, ProcessLookupError, PermissionError) as exc:
             logger.info("No stale worker %d: %s", pid, exc)
         _reap_group(pid)
+        socket_dir = record.get("socket_dir")
+        remove_socket_dir(socket_dir if isinstance(socket_dir, str) else None)  # what the killed group left
         self._clear_pid_file()
         return found
 

@@ -3,7 +3,7 @@ tests all use this class.
 
 The worker runs in its own session (process group), so stopping it can take hivemind's helper
 processes and p2pd with it: ``stop()`` sends the ``stop`` command, then SIGTERM, then SIGKILL to
-the whole group.
+the whole group. Its unix sockets go in a folder of its own (``SOCKET_DIR_ENV``), removed with it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import enum
 import logging
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +51,11 @@ def worker_command() -> list[str]:
     return [sys.executable, "-m", "dedloc_core.engine.worker"]
 
 
+# The folder where the worker's hivemind puts its unix sockets (hivemind_patches patch 20): one per
+# worker, removed once its process group is gone, so a killed worker leaves no socket file behind.
+SOCKET_DIR_ENV = "DEDLOC_SOCKET_DIR"
+SOCKET_DIR_PREFIX = "dedloc-p2p-"
+
 # Events kept for ``wait_for`` when nobody passed ``on_event``; beyond this the oldest are dropped
 # (minutes of a worker's events at the default progress period).
 EVENT_BACKLOG = 1000
@@ -78,6 +85,7 @@ class WorkerProcess:
         self.hello: Hello | None = None
         self._hello_seen = threading.Event()
         self._lock = threading.Lock()
+        self.socket_dir: str | None = None  # ours to remove (SOCKET_DIR_ENV), None if the env named one
 
     @property
     def pid(self) -> int | None:
@@ -89,6 +97,8 @@ class WorkerProcess:
     def start(self, hello_timeout: float = 30.0) -> Hello:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if SOCKET_DIR_ENV not in env:
+            self.socket_dir = env[SOCKET_DIR_ENV] = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
         self.proc = subprocess.Popen(
             self.launcher + worker_command() + self.extra_args,
             stdin=subprocess.PIPE,
@@ -218,7 +228,8 @@ class WorkerProcess:
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
-            pass
+            return
+        remove_socket_dir(self.socket_dir)
 
     def _signal_group(self, sig: int) -> None:
         assert self.proc is not None
@@ -245,3 +256,10 @@ class WorkerProcess:
             except psutil.Error:
                 pass
         psutil.wait_procs(leftovers, timeout=timeout)
+        remove_socket_dir(self.socket_dir)
+
+
+def remove_socket_dir(folder: str | None) -> None:
+    """Remove a worker's socket folder (``SOCKET_DIR_ENV``) and what its killed processes left in it."""
+    if folder and os.path.basename(folder).startswith(SOCKET_DIR_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)

@@ -190,10 +190,14 @@ def test_stale_worker_is_reaped_at_start(qtbot, home):
     pid = stale.pid
     pid_file = home / "data" / "worker.pid"
     pid_file.parent.mkdir(parents=True, exist_ok=True)
-    pid_file.write_text(json.dumps({"pid": pid, "create_time": psutil.Process(pid).create_time()}))
+    left = Path(stale.socket_dir) / "hivemind-p2pd-stale.sock"  # what a killed worker's p2pd leaves
+    left.touch()
+    pid_file.write_text(json.dumps({"pid": pid, "create_time": psutil.Process(pid).create_time(),
+                                    "socket_dir": stale.socket_dir}))
     bridge = Bridge(QApplication.instance())
     Supervisor(bridge, pid_file=pid_file)
     qtbot.waitUntil(lambda: stale.proc.poll() is not None and not pid_file.exists(), timeout=15000)
+    assert not left.parent.exists()
     bridge.shutdown()
 
 

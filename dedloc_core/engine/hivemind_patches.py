@@ -165,6 +165,12 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    for ``NEAREST_TTL`` seconds and the next store of that key goes to them directly, unless one of
    them has left the routing table (a request to it failed), then it searches again. Gets still
    search every time.
+20. ``sockets in the supervisor's folder``: hivemind names its unix sockets (p2pd's control socket,
+   each ``P2P`` client's) at random in /tmp (``P2P._UNIX_SOCKET_PREFIX``, ``p2p/p2p_daemon.py``). A
+   worker killed (a stop past its grace, a crash, a lab node stopped) removes none, and its
+   supervisor cannot tell them from another worker's: 2,217 on the dev VM after a day of tests and
+   benchmarks. With ``DEDLOC_SOCKET_DIR`` set (``WorkerProcess`` makes a folder per worker) they go
+   in that folder, which the supervisor removes once the worker's process group is gone.
 """
 
 from __future__ import annotations
@@ -233,6 +239,7 @@ def install() -> None:
     _patch_replica_sockets()
     _patch_dht_drops_orphans()
     _patch_store_where_last_stored()
+    _patch_socket_dir()
     from dedloc_core.engine import helper_threads
 
     helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "none"))
@@ -861,6 +868,18 @@ def _patch_inert_optimizer_init() -> None:
                 state["step"] = type(step)(0)
 
     state_averager.initialize_optimizer_state_ = initialize_optimizer_state_
+
+
+def _patch_socket_dir() -> None:
+    """Patch 20 (see the module docstring)."""
+    from hivemind.p2p.p2p_daemon import P2P
+
+    from dedloc_core.workerproc import SOCKET_DIR_ENV
+
+    folder = os.environ.get(SOCKET_DIR_ENV)
+    # (a unix socket's path holds at most 107 bytes; hivemind's names take 40)
+    if folder and os.path.isdir(folder) and len(os.path.abspath(folder)) <= 60:
+        P2P._UNIX_SOCKET_PREFIX = f"/unix{os.path.abspath(folder)}/hivemind-"
 
 
 def _patch_replica_sockets() -> None:
