@@ -86,6 +86,7 @@ class Lab:
         self._queues = 0
         self._netem: bool | None = None
         self._cgroups: list[Path] = []
+        self._after_close: list = []  # callables, called once the lab's processes are gone
         self._closed = True
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -114,7 +115,13 @@ class Lab:
             _kill_namespace(ns)
         for group in self._cgroups:
             _remove_cgroup(group)
+        for tidy in self._after_close:
+            tidy()
         atexit.unregister(self.close)
+
+    def after_close(self, tidy) -> None:
+        """Call ``tidy()`` at close, once the lab's processes are gone (a worker's socket folder)."""
+        self._after_close.append(tidy)
 
     def _add_ns(self, ns: str) -> None:
         _run("ip", "netns", "add", ns)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,7 @@ from swarmpeer import SwarmPeer, wait_until
 
 from dedloc_core.catalog import generate_keypair, load_private_key, sign_catalog
 from dedloc_core.protocol import Limits, Start
-from dedloc_core.workerproc import WorkerProcess
+from dedloc_core.workerproc import SOCKET_DIR_ENV, SOCKET_DIR_PREFIX, WorkerProcess, remove_socket_dir
 
 from .lab import Host, Lab
 
@@ -41,6 +42,7 @@ class Backbone:
 
     def __init__(self, lab: Lab, host: Host, experiment: dict, folder: Path, *extra_args: str):
         catalog, key = signed_catalog(experiment, folder / "catalog")
+        sockets = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)  # hivemind_patches patch 20
         self.ready_file = folder / "backbone" / "ready.json"
         self.log = folder / "backbone.log"
         self.proc = lab.popen(host, [
@@ -49,7 +51,8 @@ class Backbone:
             "--ready-file", str(self.ready_file), "--listen", f"/ip4/{host.ip}/tcp/{BACKBONE_PORT}",
             "--http-host", host.ip, "--http-port", str(HTTP_PORT), "--poll", "2", *extra_args],
             stdin=subprocess.DEVNULL, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-            env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home")})
+            env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home"), SOCKET_DIR_ENV: sockets})
+        lab.after_close(lambda: remove_socket_dir(sockets))  # (the lab kills it: it removes none)
 
     def wait_ready(self, timeout: float = 120) -> dict:
         deadline = time.monotonic() + timeout
@@ -73,6 +76,7 @@ class Peer(SwarmPeer):
             env={**os.environ, "DEDLOC_HOME": str(home),
                  "DEDLOC_LOG_LEVEL": os.environ.get("DEDLOC_TEST_LOG_LEVEL", "INFO")},
             stderr=(home / "worker.log").open("w"), launcher=lab.launcher(host)))
+        lab.after_close(self.worker.kill)  # reaps it and removes its socket folder (tests stop no peer)
 
     def start(self, experiment: dict, ready: dict, *, seed: int = 0, **start_fields) -> Peer:
         self.worker.start(hello_timeout=60)
