@@ -99,16 +99,21 @@ class WorkerProcess:
         env.setdefault("PYTHONUNBUFFERED", "1")
         if SOCKET_DIR_ENV not in env:
             self.socket_dir = env[SOCKET_DIR_ENV] = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
-        self.proc = subprocess.Popen(
-            self.launcher + worker_command() + self.extra_args,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            env=env,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self.launcher + worker_command() + self.extra_args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.stderr,
+                env=env,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            )
+        except BaseException:  # no process: nobody else would remove the folder
+            remove_socket_dir(self.socket_dir)
+            self.socket_dir = None
+            raise
         threading.Thread(target=self._read_events, name=f"worker-{self.proc.pid}-events", daemon=True).start()
         if not self._hello_seen.wait(hello_timeout) or self.hello is None:
             self.kill()

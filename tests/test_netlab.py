@@ -221,3 +221,27 @@ def test_a_lab_nodes_cpu_quota_holds_for_all_it_starts(netlab):
     # between them, not the 2 x 2 s they would use unchecked
     assert float(out.split()[-1]) <= 2.5 * 0.2 * 1.3, out
     assert stat["nr_throttled"] >= 5, stat  # the group was held back, again and again
+
+
+def test_a_lab_tidies_up_once_its_processes_are_gone(netlab):
+    """``after_close`` runs each tidy at close, after the lab's processes are killed (a worker's socket
+    folder may go only then), and one that fails does not keep the next from running."""
+    import subprocess
+    import sys
+
+    host = netlab.public("tidy")
+    proc = netlab.popen(host, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                        stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    seen = []
+
+    def failing() -> None:
+        raise RuntimeError("a tidy that fails")
+
+    netlab.after_close(lambda: seen.append(proc.poll()))
+    netlab.after_close(failing)
+    netlab.after_close(lambda: seen.append("next"))
+    assert seen == []
+    netlab.close()
+    assert seen[0] is not None, "a tidy ran while the lab's process was alive"
+    assert seen[1:] == ["next"]

@@ -1,20 +1,23 @@
 """No unbounded buffer between a worker and its owner: with a callback, the event queue is never
 filled; without one, it keeps at most ``EVENT_BACKLOG`` events, the newest. A real worker, with
-progress events sped up to one per micro-batch. And a killed worker leaves no socket file."""
+progress events sped up to one per micro-batch. And a killed worker, or one that never started,
+leaves no socket file or folder."""
 
 from __future__ import annotations
 
 import glob
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import start_command
 from msgspec.structs import replace
 
 from dedloc_core.protocol import Stats
-from dedloc_core.workerproc import EVENT_BACKLOG, WorkerProcess
+from dedloc_core.workerproc import EVENT_BACKLOG, SOCKET_DIR_ENV, SOCKET_DIR_PREFIX, WorkerProcess
 
 BATCH = 8  # the tiny experiment's batch_size_per_step
 
@@ -87,3 +90,15 @@ def test_a_killed_worker_leaves_no_socket_file(corpus_server, tmp_path):
     finally:
         worker.kill()  # SIGKILL, the whole group: nothing of it removes its sockets
     assert not folder.exists()
+
+
+def test_a_worker_that_cannot_start_leaves_no_socket_folder(tmp_path, monkeypatch):
+    """The folder is made before the process; when there is no process (a launcher that is not
+    there), nothing else would ever remove it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    worker = WorkerProcess(env={k: v for k, v in os.environ.items() if k != SOCKET_DIR_ENV},
+                           launcher=[str(tmp_path / "no-such-launcher")])
+    with pytest.raises(FileNotFoundError):
+        worker.start()
+    assert not list(tmp_path.glob(f"{SOCKET_DIR_PREFIX}*"))
+    assert worker.socket_dir is None

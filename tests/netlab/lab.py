@@ -116,7 +116,10 @@ class Lab:
         for group in self._cgroups:
             _remove_cgroup(group)
         for tidy in self._after_close:
-            tidy()
+            try:
+                tidy()
+            except Exception as exc:  # noqa: BLE001 - one that fails leaves the others to run
+                print(f"netlab: {tidy!r} failed at close: {exc}", file=sys.stderr)
         atexit.unregister(self.close)
 
     def after_close(self, tidy) -> None:
