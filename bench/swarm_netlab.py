@@ -16,7 +16,9 @@ Steps, in one run:
 3. each mode (a fresh swarm, a new run id) trains ``tiny-lm`` for ``--steps`` global steps after
    its first one. "hivemind defaults": hivemind.Optimizer's own options (no overlap, no compression,
    no declared bandwidth). "ours": overlap (delayed gradient averaging and optimizer step), fp16
-   gradients, DeDLOC load balancing with each volunteer's declared bandwidth. Beside each mode a
+   gradients, DeDLOC load balancing with each volunteer's declared bandwidth, parameters averaged
+   every 4th step, and volunteers that use the DHT without serving it (``volunteer_dht="client"``:
+   the backbone serves it). Beside each mode a
    reference node (its own CPU group with the same quota, no network) runs the bare loop the whole
    time: the solo rate measured during the column, not minutes away from it.
 
@@ -81,7 +83,8 @@ PROFILE = [(100, 20), (50, 30), (20, 50), (10, 50)]  # (Mbit/s, one-way delay ms
 STATE_EVERY = 4  # "ours": parameters averaged every 4th step (gradients every step)
 MODES = {
     "hivemind defaults": dict(grad_compression="none", overlap=False),
-    "ours": dict(grad_compression="fp16", bandwidth=True, overlap=True, average_state_every=STATE_EVERY),
+    "ours": dict(grad_compression="fp16", bandwidth=True, overlap=True, average_state_every=STATE_EVERY,
+                 volunteer_dht="client"),
 }
 RECIPE = {"d_model": 128, "n_layers": 2, "n_heads": 2, "seq_len": 32, "lr": 0.003, "warmup_steps": 0}
 
@@ -90,11 +93,13 @@ MICRO_BATCH = [32]  # samples per micro-batch (--micro-batch)
 UNSTEADY = 0.10  # a column whose solo rate moved more than this (after against before) is marked
 
 
-def experiment(name: str, target_batch: int, matchmaking: float, overlap: bool, state_every: int = 1) -> dict:
+def experiment(name: str, target_batch: int, matchmaking: float, overlap: bool, state_every: int = 1,
+               volunteer_dht: str = "server") -> dict:
     return tiny_experiment(id=f"bench-{len(name)}", run_id=f"bench_{abs(hash(name)) % 10**6}",
                            batch_size_per_step=MICRO_BATCH[0],
                            target_batch_size=target_batch, matchmaking_time=matchmaking, averaging_timeout=30.0,
-                           overlap=overlap, average_state_every=state_every, recipe_params=RECIPE)
+                           overlap=overlap, average_state_every=state_every, recipe_params=RECIPE,
+                           volunteer_dht=volunteer_dht)
 
 
 def param_count() -> int:
@@ -118,7 +123,7 @@ def measure_solo(args, together: bool = True) -> tuple[list[float], list[float] 
 
 def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> dict:
     exp = experiment(name, pace.target_batch_size, pace.matchmaking_time, opts["overlap"],
-                     args.state_every or opts.get("average_state_every", 1))
+                     args.state_every or opts.get("average_state_every", 1), opts.get("volunteer_dht", "server"))
     history: list[tuple[int, float]] = []  # (swarm samples so far, volunteers' mean loss)
     with Lab() as lab:
         reference = Reference(lab, lab.public("ref", cpu=args.cpu), exp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import start_command
-from swarmpeer import SwarmPeer, scheduling_classes, wait_until
+from conftest import start_command, tiny_experiment
+from swarmpeer import SwarmPeer, scheduling_classes, start_backbone, wait_until
 
 from dedloc_core.catalog.model import Experiment
 from dedloc_core.protocol import Pause, Resume
@@ -377,3 +378,40 @@ def test_a_newcomer_gets_the_optimizer_statistics_in_half_the_bytes_and_their_ra
     assert got["error"] <= 2 ** -8, got
     assert all(s == r and dtype == "torch.float32" for s, r, dtype in got["steps"]), got["steps"]
     assert got["wire"] < 0.55 * got["memory"], got
+
+
+async def _ping(peer_id: str, _dht, node):
+    from hivemind.p2p import PeerID
+
+    return await node.protocol.call_ping(PeerID.from_base58(peer_id))
+
+
+def _answers_dht_ping(dht, peer_id: str) -> bool:
+    return dht.run_coroutine(functools.partial(_ping, peer_id)) is not None
+
+
+def test_volunteers_that_use_the_dht_without_serving_it_still_average(spawn_worker, corpus_server, tmp_path):
+    """``volunteer_dht="client"``: volunteers that join through a backbone use the DHT without serving
+    it (they answer no DHT request; the backbone does), yet their averagers take connections, so they
+    average with each other: the backbone joins no gradient round, and hivemind's Optimizer would have
+    made their averagers clients too, leaving no peer to reduce (hivemind_patches patch 21)."""
+    import hivemind
+
+    exp = tiny_experiment(volunteer_dht="client")
+    backbone, ready, _ = start_backbone(exp, tmp_path)
+    probe = None
+    try:
+        peers = [join(spawn_worker, corpus_server, f"p{i}", initial_peers=ready["maddrs"], seed=i + 1,
+                      volunteer_dht="client") for i in (1, 2)]
+        wait_until(peers, lambda: all(p.stats and p.stats.rounds >= 2 for p in peers), 180,
+                   "both volunteers should join two averaging rounds")
+        probe = hivemind.DHT(initial_peers=ready["maddrs"], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                             client_mode=True, start=True)
+        assert _answers_dht_ping(probe, ready["maddrs"][0].rsplit("/p2p/", 1)[1]), "the backbone should serve"
+        for p in peers:
+            assert not _answers_dht_ping(probe, p.maddrs[0].rsplit("/p2p/", 1)[1]), f"{p.describe()} served"
+    finally:
+        if probe is not None:
+            probe.shutdown()
+        backbone.terminate()
+        backbone.wait(timeout=30)

@@ -239,6 +239,11 @@ class Experiment(_Model, kw_only=True):
     # 1 sends the parameters (fp16) every step besides the gradients: a newcomer on a 20 Mbit/s link
     # then kept the whole swarm's rounds failing for 20-30 s (bench/join_time.py, bench/README.md)
     average_state_every: Annotated[int, Meta(ge=1, le=1000)] = 4
+    # "client": volunteers use the swarm's DHT without serving it, so the backbones (initial_peers)
+    # serve every request: each volunteer's helpers use about 0.01 of a core less (2.5 % of a 0.4-core
+    # volunteer in bench/swarm_netlab.py), but the swarm cannot coordinate while no backbone is up.
+    # "server": reachable volunteers serve it too, as hivemind does
+    volunteer_dht: Literal["server", "client"] = "server"
     diloco: DilocoParams = DilocoParams()
     # How each peer combines the parts it reduces (engine/robust.py): a NaN/inf part is dropped either way
     aggregation: Literal["mean", "centered_clip"] = "mean"

@@ -171,6 +171,11 @@ Call ``install()`` once in a process, before creating a DHT. Patches:
    supervisor cannot tell them from another worker's: 2,217 on the dev VM after a day of tests and
    benchmarks. With ``DEDLOC_SOCKET_DIR`` set (``WorkerProcess`` makes a folder per worker) they go
    in that folder, which the supervisor removes once the worker's process group is gone.
+21. ``an optimizer's client_mode is the one it is given``: ``hivemind.Optimizer.__init__``
+   (``optim/optimizer.py``) reads ``client_mode if client_mode is None else dht.client_mode``, so
+   its averagers always take the DHT's mode. A volunteer that uses the DHT without serving it
+   (``SwarmConfig.dht_client``) still takes averaging connections: its optimizer is created with
+   the DHT's ``client_mode`` read as the one given.
 """
 
 from __future__ import annotations
@@ -240,10 +245,30 @@ def install() -> None:
     _patch_dht_drops_orphans()
     _patch_store_where_last_stored()
     _patch_socket_dir()
+    _patch_optimizer_client_mode()
     from dedloc_core.engine import helper_threads
 
     helper_threads.install(os.environ.get("DEDLOC_HELPER_THREADS", "none"))
     _patch_fork_above_loop()  # after helper_threads: wraps whichever start it left
+
+
+def _patch_optimizer_client_mode() -> None:
+    """Patch 21 (see the module docstring)."""
+    from hivemind.optim.optimizer import Optimizer
+
+    init = Optimizer.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, dht, client_mode=None, **kwargs) -> None:
+        if client_mode is None or client_mode == dht.client_mode:
+            return init(self, *args, dht=dht, client_mode=client_mode, **kwargs)
+        actual, dht._client_mode = dht.client_mode, client_mode
+        try:
+            init(self, *args, dht=dht, client_mode=client_mode, **kwargs)
+        finally:
+            dht._client_mode = actual
+
+    Optimizer.__init__ = __init__  # type: ignore[method-assign]
 
 
 def _patch_fork_above_loop() -> None:

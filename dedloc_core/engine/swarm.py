@@ -46,6 +46,10 @@ class SwarmConfig:
     # p2pd that asks the swarm for this peer id, seconds on a slow link) is skipped
     identity_is_new: bool = False
     client_mode: bool = False
+    # use the DHT without serving it (the backbones and peers that serve it do), still taking averaging
+    # connections: a volunteer's helpers then use about 0.01 of a core less (bench/README, stop 51).
+    # Only with initial peers (someone must serve it); an outbound-only peer is a client anyway
+    dht_client: bool = False
     matchmaking_time: float = 3.0
     averaging_timeout: float = 30.0
     load_state_timeout: float = 60.0
@@ -192,7 +196,19 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
     if cfg.identity_is_new:
         opts["check_if_identity_free"] = False
     opts.update(extra)
-    return hivemind.DHT(start=True, **opts)
+    serves_averaging = not opts["client_mode"]
+    if cfg.dht_client and cfg.initial_peers and not opts["client_mode"]:
+        # p2pd's own (libp2p) DHT stays a server: it is how peers find each other's addresses
+        opts.update(client_mode=True, dht_mode="server")
+    dht = hivemind.DHT(start=True, **opts)
+    dht.dedloc_serves_averaging = serves_averaging
+    return dht
+
+
+def averaging_client_mode(dht: hivemind.DHT) -> bool:
+    """Whether this peer's averagers take no connections: an outbound-only peer's; not a peer that is
+    only a DHT client (``SwarmConfig.dht_client``)."""
+    return not getattr(dht, "dedloc_serves_averaging", not dht.client_mode)
 
 
 def join_swarm(cfg: SwarmConfig, on_start=None) -> tuple[hivemind.DHT, str]:
@@ -236,7 +252,7 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
         averaging_timeout=cfg.averaging_timeout,
         next_chunk_timeout=chunk_timeout(cfg),
         load_state_timeout=cfg.load_state_timeout,
-        client_mode=dht.client_mode,
+        client_mode=averaging_client_mode(dht),
         grad_compression=_compression(cfg.grad_compression),
         state_averaging_compression=Float16Compression(),
         load_state_compression=load_state_compression(),

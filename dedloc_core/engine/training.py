@@ -116,6 +116,7 @@ class Session:
             reachability=self.start.reachability,
             overlap=exp.overlap,
             average_state_every=exp.average_state_every,
+            dht_client=exp.volunteer_dht == "client",
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
         token = None
@@ -137,7 +138,7 @@ class Session:
             self.optimizer = DilocoOptimizer(
                 self.dht, exp.run_id, self.model, self.recipe, exp.diloco, batch_size=self.batch_size,
                 matchmaking_time=exp.matchmaking_time, averaging_timeout=exp.averaging_timeout,
-                client_mode=self.dht.client_mode)
+                client_mode=swarm.averaging_client_mode(self.dht))
             self.param_digest = lambda _model: self.optimizer.outer_digest()  # identical on synced peers
         else:
             self._hold_while_paused("joining", f"Joining the swarm of {exp.title}")  # seconds of CPU
