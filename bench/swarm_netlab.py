@@ -17,8 +17,8 @@ Steps, in one run:
    its first one. "hivemind defaults": hivemind.Optimizer's own options (no overlap, no compression,
    no declared bandwidth). "ours": overlap (delayed gradient averaging and optimizer step), fp16
    gradients, DeDLOC load balancing with each volunteer's declared bandwidth, parameters averaged
-   every 4th step, and volunteers that use the DHT without serving it (``volunteer_dht="client"``:
-   the backbone serves it). Beside each mode a
+   every 4th step; ``--volunteer-dht client``: its volunteers use the DHT without serving it (the
+   backbone serves it; bench/README, stop 51). Beside each mode a
    reference node (its own CPU group with the same quota, no network) runs the bare loop the whole
    time: the solo rate measured during the column, not minutes away from it.
 
@@ -83,8 +83,7 @@ PROFILE = [(100, 20), (50, 30), (20, 50), (10, 50)]  # (Mbit/s, one-way delay ms
 STATE_EVERY = 4  # "ours": parameters averaged every 4th step (gradients every step)
 MODES = {
     "hivemind defaults": dict(grad_compression="none", overlap=False),
-    "ours": dict(grad_compression="fp16", bandwidth=True, overlap=True, average_state_every=STATE_EVERY,
-                 volunteer_dht="client"),
+    "ours": dict(grad_compression="fp16", bandwidth=True, overlap=True, average_state_every=STATE_EVERY),
 }
 RECIPE = {"d_model": 128, "n_layers": 2, "n_heads": 2, "seq_len": 32, "lr": 0.003, "warmup_steps": 0}
 
@@ -123,7 +122,8 @@ def measure_solo(args, together: bool = True) -> tuple[list[float], list[float] 
 
 def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> dict:
     exp = experiment(name, pace.target_batch_size, pace.matchmaking_time, opts["overlap"],
-                     args.state_every or opts.get("average_state_every", 1), opts.get("volunteer_dht", "server"))
+                     args.state_every or opts.get("average_state_every", 1),
+                     args.volunteer_dht if opts["overlap"] else "server")
     history: list[tuple[int, float]] = []  # (swarm samples so far, volunteers' mean loss)
     with Lab() as lab:
         reference = Reference(lab, lab.public("ref", cpu=args.cpu), exp)
@@ -265,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-every", type=int, default=0, help="override average_state_every of both modes")
     parser.add_argument("--follow-every", type=float, default=30.0, help="the backbone's --follow-every")
     parser.add_argument("--micro-batch", type=int, default=32, help="samples per micro-batch (solo and swarm)")
+    parser.add_argument("--volunteer-dht", default="server", choices=("server", "client"),
+                        help="the experiment's volunteer_dht in \"ours\"")
     parser.add_argument("--keep", default="", help="copy the nodes' logs here")
     parser.add_argument("--lone", action="store_true", help="only a lone volunteer's worker against its solo loop")
     args = parser.parse_args(argv)
