@@ -61,6 +61,7 @@ A mode that fails is printed as ``invalid``.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -163,8 +164,10 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
             p.stop()
         reference.stop()
     if args.keep:
-        shutil.copytree(folder, Path(args.keep) / name.replace(" ", "-"), dirs_exist_ok=True,
+        kept = Path(args.keep) / name.replace(" ", "-")
+        shutil.copytree(folder, kept, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.pt", "*.bin", "shards", "cache"))
+        (kept / "loss_history.json").write_text(json.dumps(history))  # (swarm samples, mean loss) as read
     samples = end["samples"] - base["samples"]
     wall = end["time"] - base["time"]
     cpu = {k: sum(e[k] - b[k] for b, e in zip(base["cpu"], end["cpu"], strict=True)) / len(peers) / wall
