@@ -126,6 +126,7 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
                      args.state_every or opts.get("average_state_every", 1),
                      args.volunteer_dht if opts["overlap"] else "server")
     history: list[tuple[int, float]] = []  # (swarm samples so far, volunteers' mean loss)
+    each: dict[str, list] = {}  # per volunteer: (time, local step, loss, parameter digest), as read
     with Lab() as lab:
         reference = Reference(lab, lab.public("ref", cpu=args.cpu), exp)
         bb_host = lab.public("bb", cpu=args.cpu)
@@ -145,6 +146,10 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
                 samples = sum(s.samples for s in stats)
                 if not history or samples > history[-1][0]:
                     history.append((samples, sum(losses) / len(losses)))
+                    for p in peers:
+                        last = p.progress[-1]
+                        each.setdefault(p.host.name, []).append(
+                            (round(time.time(), 2), last.local_epoch, last.loss, last.param_digest[:1]))
 
         wait_until(peers, lambda: all(p.progress for p in peers) and min(p.step for p in peers) >= 1, 300,
                    "the swarm did not reach its first global step")
@@ -168,6 +173,7 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
         shutil.copytree(folder, kept, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.pt", "*.bin", "shards", "cache"))
         (kept / "loss_history.json").write_text(json.dumps(history))  # (swarm samples, mean loss) as read
+        (kept / "peer_history.json").write_text(json.dumps(each))
     samples = end["samples"] - base["samples"]
     wall = end["time"] - base["time"]
     cpu = {k: sum(e[k] - b[k] for b, e in zip(base["cpu"], end["cpu"], strict=True)) / len(peers) / wall

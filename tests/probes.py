@@ -34,9 +34,10 @@ FAST_TRACKER = dict(min_refresh_period=0.2, max_refresh_period=0.5, default_refr
 
 
 def lone_optimizer(run_id: str, model: torch.nn.Module, *, lr: float, overlap: bool, target_batch_size: int,
-                   batch_size_per_step: int = 4):
+                   batch_size_per_step: int = 4, **fields):
     """A lone peer's optimizer as the worker builds it (``swarm.build_optimizer``, AdamW at ``lr``)
-    on a fresh DHT: ``(dht, optimizer)``."""
+    on a fresh DHT: ``(dht, optimizer)``. ``fields``: more of its ``SwarmConfig`` (``initial_peers``:
+    a peer that joins those)."""
     import torch
 
     from dedloc_core.engine import swarm
@@ -51,7 +52,7 @@ def lone_optimizer(run_id: str, model: torch.nn.Module, *, lr: float, overlap: b
     swarm.prepare_process()
     cfg = swarm.SwarmConfig(run_id=run_id, target_batch_size=target_batch_size,
                             batch_size_per_step=batch_size_per_step, overlap=overlap,
-                            matchmaking_time=0.5, averaging_timeout=5.0)
+                            matchmaking_time=0.5, averaging_timeout=5.0, **fields)
     dht = swarm.start_dht(cfg)
     return dht, swarm.build_optimizer(dht, cfg, model, Recipe)
 

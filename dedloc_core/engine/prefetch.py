@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 from functools import partial
 
@@ -96,8 +97,14 @@ class _UsesPrefetched(DecentralizedAverager):
     prefetched: MPFuture | None = None
     min_epoch = 0  # an older prefetched state is dropped: hivemind would load again at once
     used_prefetched = False  # the last load took the prefetched state
+    found_state = False  # the last load got a state (from the prefetch or a peer)
 
     def load_state_from_peers(self, wait: bool = True, timeout: float | None = None):
+        state = self._load_state(wait, timeout)
+        self.found_state = state is not None
+        return state
+
+    def _load_state(self, wait: bool, timeout: float | None):
         future, self.prefetched, self.used_prefetched = self.prefetched, None, False
         if future is not None and wait:
             try:
@@ -163,7 +170,50 @@ def unpack(buffers, infos) -> list:
     return tensors
 
 
-class TrainingStateAverager(_HandsOverPacked, state_averager.TrainingStateAverager, _UsesPrefetched):
-    """hivemind's TrainingStateAverager whose next load may use a state downloaded beforehand, and
-    that hands its state to its own process packed (the same class name: it names the handlers on
-    the wire)."""
+class _ServesWholeSteps:
+    """Serves a state whose step number and parameters agree. hivemind counts a global step as soon
+    as it begins (``step(increment_epoch=True)``), and a delayed optimizer step (overlap) updates the
+    parameters and the optimizer's statistics only after the step's gradient round, a second or two
+    later: a state asked for in between was step N+1's number with step N's parameters and
+    statistics, and its taker went on without step N's update (in the network lab, a volunteer that
+    took the swarm's state just as the swarm took its first step). The host waits for the step, at
+    most ``STEP_WAIT`` seconds, before it hands the state over."""
+
+    STEP_WAIT = 20.0
+
+    def __init__(self, *args, **kwargs):
+        self._whole_step = threading.Event()
+        self._whole_step.set()
+        super().__init__(*args, **kwargs)
+        self.finished_optimizer_step = _AlsoSets(self._whole_step)  # set by the step's background task
+
+    def step(self, *args, increment_epoch: bool = False, optimizer_step: bool = False,
+             delay_optimizer_step: bool = False, **kwargs):
+        if increment_epoch and optimizer_step and delay_optimizer_step:
+            self._whole_step.clear()  # step N+1 from now; its parameters once the background step ends
+        return super().step(*args, increment_epoch=increment_epoch, optimizer_step=optimizer_step,
+                            delay_optimizer_step=delay_optimizer_step, **kwargs)
+
+    def get_current_state(self):  # the host's side
+        if not self._whole_step.wait(self.STEP_WAIT):
+            logger.warning("Serving the state of step %d before its optimizer step ended", self.local_epoch)
+        return super().get_current_state()
+
+
+class _AlsoSets(threading.Event):
+    """An Event whose ``set`` also sets ``other``."""
+
+    def __init__(self, other: threading.Event):
+        super().__init__()
+        self.other = other
+
+    def set(self) -> None:
+        super().set()
+        self.other.set()
+
+
+class TrainingStateAverager(_ServesWholeSteps, _HandsOverPacked, state_averager.TrainingStateAverager,
+                            _UsesPrefetched):
+    """hivemind's TrainingStateAverager whose next load may use a state downloaded beforehand, that
+    serves a state only once its step's delayed update is in it, and that hands it to its own
+    process packed (the same class name: it names the handlers on the wire)."""

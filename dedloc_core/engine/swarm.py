@@ -559,7 +559,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         if self._sitting_out is not None:
             self._sitting_out, step = None, self._sitting_out
             if self.tracker.global_epoch > step:
-                return self._go_on_at(self.tracker.global_epoch)
+                return self._go_on_from(self.tracker.global_epoch)
             if last is not None and not last.done():
                 self._sitting_out = step
                 return  # the swarm is still finishing that step: keep accumulating
@@ -588,7 +588,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
                 last.cancel()
                 self.scheduled_grads = None
             self._skip_step()
-            return self._go_on_at(self.tracker.global_epoch)
+            return self._go_on_from(self.tracker.global_epoch)
         if self._awaits_its_group(last):
             return  # keep accumulating: the swarm has not stepped, and our round's group forms shortly
         if (last is None or not last.triggered or last.done()
@@ -660,6 +660,45 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         """Our pre-scheduled round already sits in a group, waiting for this step's trigger."""
         return (scheduled is not None and not scheduled.triggered and not scheduled.done()
                 and scheduled.stage in (AveragingStage.AWAITING_TRIGGER, AveragingStage.RUNNING_ALLREDUCE))
+
+    def _go_on_from(self, epoch: int) -> None:
+        """Go on at the swarm's step ``epoch`` (``_go_on_at``); a peer that has taken no step yet loads
+        the swarm's state instead, keeping its samples. The optimizer's owed steps repeat the next
+        step's averaged gradients for the one missed, and the first is the one that differs most
+        (stop 42: norms 5.3 then 3.1): in the network lab a volunteer that went on at the swarm's
+        first step (late to its first round) took twice its second step's gradients, its Adam
+        statistics without the largest, and its update at step 6 or 7 ran the loss from 3.19 to 8.4
+        while the others' stayed (runs 151 and 154: every run whose volunteer went on at step 0; a
+        step later it was back). A newcomer has nothing of its own to lose in the swarm's state, and
+        its download costs it a second or two once."""
+        if self.local_epoch == 0:
+            return self._load_keeping_samples(epoch)
+        self._go_on_at(epoch)
+
+    def _load_keeping_samples(self, epoch: int) -> None:
+        """``load_state_from_peers``, with the samples accumulated so far carried into the step the
+        swarm is at (hivemind drops them). If no peer shared a state, the steps are owed as by
+        ``_go_on_at``."""
+        ga = self.grad_averager
+        if isinstance(ga, StatelessGradientAverager):
+            ga.flush_grads_()
+        with torch.no_grad():
+            kept = [acc.detach().clone() for acc in ga._grad_accumulators()]
+        samples, times = ga.local_samples_accumulated, ga.local_times_accumulated
+        before = self.local_epoch
+        logger.info("The swarm took its first step without us: loading its state (our %d samples kept)", samples)
+        self.load_state_from_peers()
+        found = getattr(self.state_averager, "found_state", False)
+        with torch.no_grad():
+            for acc, grad in zip(ga._grad_accumulators(), kept, strict=True):
+                acc.copy_(grad)
+        ga.local_samples_accumulated, ga.local_times_accumulated = samples, times
+        if not found:  # hivemind took the swarm's step number anyway: the steps are owed as by _go_on_at
+            logger.info("No peer shared its state: going on at step %d with our samples", self.local_epoch)
+            if self._owed_steps is not None:
+                self._owed_steps.owe(max(epoch, self.local_epoch) - before)
+            self.state_averager.local_epoch = max(epoch, self.local_epoch)
+        self.tracker.report_local_progress(self.local_epoch, samples)
 
     def _go_on_at(self, epoch: int) -> None:
         """Take the swarm's step number without a step of our own, keeping the samples accumulated.
