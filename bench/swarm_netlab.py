@@ -54,7 +54,8 @@ Rows, over the window between the first and the last global step:
   in all (N: the smaller of the two modes' totals, so both columns are read at the same N);
 - failed msgs: "Averaging step failed" messages in the volunteers' logs until the last global step
 - goings-on: times a volunteer went on at the swarm's step ("The swarm took step N without us"), same logs
-  (not after: the first volunteer stopped leaves the others' last round, which then fails).
+  (not after: the first volunteer stopped leaves the others' last round, which then fails);
+- first-step loads: volunteers that missed the swarm's first step and loaded its state instead.
 A mode that fails is printed as ``invalid``.
 """
 
@@ -165,6 +166,7 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
         logs = "".join(p.log_tail(10**8) for p in peers)  # before the stop: a peer that leaves fails the last round
         failed = logs.count("Averaging step failed") + logs.count("AllreduceException")
         went_on = logs.count("without us: going on")
+        loaded = logs.count("first step without us: loading")
         for p in peers:
             p.stop()
         reference.stop()
@@ -188,6 +190,7 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, folder: Path) -> di
             "round": (end["avg_s"] - base["avg_s"]) / rounds if rounds else float("nan"),
             "bps": (end["tx"] - base["tx"]) / max(samples, 1),
             "bb_bps": (end["bb_rx"] - base["bb_rx"]) / max(samples, 1), "failed": failed, "went_on": went_on,
+            "loaded": loaded,
             "history": history,
             "steps": last - first, "cpu": cpu,
             "busy": (end["compute"] - base["compute"]) / len(peers) / wall}
@@ -339,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             ("loop efficiency", lambda r: f"{r['swarm'] * args.cpu / (r['cpu']['loop'] * r['beside']):.2f}"),
             (f"loss @ {common} samples", lambda r: f"{loss_at(r['history'], common):.4f}"),
             ("failed msgs", lambda r: str(r["failed"])),
-            ("goings-on", lambda r: str(r["went_on"]))]
+            ("goings-on", lambda r: str(r["went_on"])),
+            ("first-step loads", lambda r: str(r["loaded"]))]
     print(f"{'':24}" + "".join(f"{n:>20}" for n in results))
     for label, cell in rows:
         print(f"{label:24}" + "".join(f"{cell(r) if isinstance(r, dict) else r[:19]:>20}" for r in results.values()))

@@ -580,8 +580,9 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             # the swarm took this step without us (our tracker saw it late): a round begun now would
             # find no group for it and join the swarm's next one, a round behind from then on (its
             # parameter rounds triggered a step after the others': they timed out waiting for us)
-            logger.info("The swarm took step %d without us: going on at step %d with our samples",
-                        self.local_epoch, self.tracker.global_epoch)
+            if self.local_epoch > 0:  # (before its first step a peer loads the swarm's state: _go_on_from)
+                logger.info("The swarm took step %d without us: going on at step %d with our samples",
+                            self.local_epoch, self.tracker.global_epoch)
             if last is not None and not last.triggered and not last.done():
                 # our round for the step the swarm took: left looking, it joined that step's group
                 # late and held it until our next step (run 77 of the lab: three rounds failed so)
