@@ -240,8 +240,8 @@ class Experiment(_Model, kw_only=True):
     # then kept the whole swarm's rounds failing for 20-30 s (bench/join_time.py, bench/README.md)
     average_state_every: Annotated[int, Meta(ge=1, le=1000)] = 4
     # "client": volunteers use the swarm's DHT without serving it, so the backbones (initial_peers)
-    # serve every request: each volunteer's helpers used 0.005-0.010 of a core less in the lab; not
-    # for organizers yet (README: an unexplained loss reading, and no DHT while no backbone is up).
+    # serve every request: each volunteer's helpers used 0.005-0.012 of a core less in the lab; not
+    # the default: while no backbone is up, nobody answers their DHT requests (README).
     # "server": reachable volunteers serve it too, as hivemind does
     volunteer_dht: Literal["server", "client"] = "server"
     diloco: DilocoParams = DilocoParams()
