@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The invited peers: patched hivemind, the gate on; prints the tokens intruders may try, then waits
 # for a start time on stdin and prints its peers' groups and averages.
 HONEST = """
-import json, sys, tempfile, time
+import json, logging, sys, tempfile, time
 import torch, hivemind
 from hivemind.p2p import P2P, PeerID
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -28,6 +28,7 @@ from dedloc_core.engine import gate, hivemind_patches, metrics
 dht_auth, gate_on = sys.argv[1] == "dht-auth", sys.argv[2] == "gate"
 RUN = "gated-run"
 hivemind_patches.install()
+logging.getLogger("hivemind.averaging.allreduce").setLevel(logging.DEBUG)  # why a round failed, if one does
 issuer = Ed25519PrivateKey.generate()
 if gate_on:
     gate.configure(RUN, invites.public_key_text(issuer))
@@ -55,6 +56,7 @@ print(json.dumps({"maddrs": [str(a) for a in dhts[0].get_visible_maddrs()],
 averagers = [hivemind.averaging.DecentralizedAverager([torch.full((1000,), v)], dht=d, prefix="gated",
              target_group_size=8, min_matchmaking_time=4.0, request_timeout=1.0, start=True)
              for v, d in zip([1.0, 1.2, 0.8], dhts)]
+print("ready", flush=True)
 start_at = float(sys.stdin.readline())
 time.sleep(max(0.0, start_at - time.time()))
 futures = [a.step(wait=False, timeout=40, allow_retries=False) for a in averagers]
@@ -82,7 +84,6 @@ import json, sys, time
 import torch, hivemind
 from hivemind.utils import get_dht_time
 info = json.loads(sys.argv[1])
-start_at = float(sys.argv[2])
 kinds = ["none", "expired", "other_run", "stolen", "revoked"]
 dhts = []
 for _ in kinds:  # each knows the invited peers and the other intruders
@@ -99,6 +100,8 @@ for kind, dht in zip(kinds, dhts):
                   expiration_time=get_dht_time() + 300)
 averagers = [hivemind.averaging.DecentralizedAverager([torch.full((1000,), 1000.0)], dht=d, prefix="gated",
              target_group_size=8, min_matchmaking_time=4.0, request_timeout=1.0, start=True) for d in dhts]
+print("ready", flush=True)
+start_at = float(sys.stdin.readline())
 time.sleep(max(0.0, start_at - time.time()))
 futures = [a.step(wait=False, timeout=40, allow_retries=False) for a in averagers]
 groups = []
@@ -122,16 +125,21 @@ def run_swarm(dht_auth: bool, gate_on: bool) -> tuple[dict, dict]:
     try:
         info = json.loads(honest.stdout.readline())
         time.sleep(2.0)  # the "revoked" token (1 s) has lapsed
-        start_at = time.time() + 15.0  # both sides' averagers are up by then
-        proc = subprocess.Popen([sys.executable, "-c", INTRUDERS, json.dumps(info), str(start_at)], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-c", INTRUDERS, json.dumps(info)], cwd=ROOT, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        honest.stdin.write(f"{start_at}\n")
-        honest.stdin.flush()
+        for side in (honest, proc):  # both sides' averagers are up (however loaded the machine)
+            assert side.stdout.readline().strip() == "ready", side.stderr.read()[-3000:]
+        start_at = time.time() + 3.0
+        for side in (honest, proc):
+            side.stdin.write(f"{start_at}\n")
+            side.stdin.flush()
         out, err = honest.communicate(timeout=150)
         assert honest.returncode == 0, err[-3000:]
         iout, ierr = proc.communicate(timeout=150)
         assert proc.returncode == 0, ierr[-3000:]
-        return json.loads(out.strip().splitlines()[-1]), json.loads(iout.strip().splitlines()[-1])
+        honest_out, intruders_out = json.loads(out.strip().splitlines()[-1]), json.loads(iout.strip().splitlines()[-1])
+        honest_out["log"], intruders_out["log"] = err[-6000:], ierr[-3000:]  # shown when a check fails
+        return honest_out, intruders_out
     finally:
         for p in (honest, locals().get("proc")):
             if p is not None and p.poll() is None:
@@ -139,15 +147,19 @@ def run_swarm(dht_auth: bool, gate_on: bool) -> tuple[dict, dict]:
                 p.wait()
 
 
+def shown(side: dict) -> str:
+    return f"groups: {side['groups']}\n{side['log']}"
+
+
 def check_closed(honest: dict, intruders: dict) -> None:
     bad = set(intruders["peers"])
     for group in honest["groups"]:
-        assert isinstance(group, list) and sorted(group) == sorted(honest["peers"]), honest
+        assert isinstance(group, list) and sorted(group) == sorted(honest["peers"]), shown(honest)
         assert not bad & set(group)
     for group in intruders["groups"]:
-        assert not (isinstance(group, list) and set(group) & set(honest["peers"])), intruders
+        assert not (isinstance(group, list) and set(group) & set(honest["peers"])), shown(intruders)
     for low, high in honest["values"]:
-        assert low == pytest.approx(1.0, abs=1e-4) and high == pytest.approx(1.0, abs=1e-4), honest
+        assert low == pytest.approx(1.0, abs=1e-4) and high == pytest.approx(1.0, abs=1e-4), shown(honest)
 
 
 @pytest.mark.slow
@@ -166,4 +178,4 @@ def test_matchmaking_and_allreduce_checks_hold_without_the_dht_authorizer():
 def test_without_the_gate_intruders_join_the_average():
     # what patch 8 is for: with the same setup and the gate off, intruders are taken in
     honest, intruders = run_swarm(dht_auth=False, gate_on=False)
-    assert any(isinstance(g, list) and set(g) & set(intruders["peers"]) for g in honest["groups"]), honest
+    assert any(isinstance(g, list) and set(g) & set(intruders["peers"]) for g in honest["groups"]), shown(honest)
