@@ -664,22 +664,23 @@ class RoundCountingOptimizer(hivemind.Optimizer):
 
     def _go_on_from(self, epoch: int) -> None:
         """Go on at the swarm's step ``epoch`` (``_go_on_at``); a peer that has taken no step yet loads
-        the swarm's state instead, keeping its samples. The optimizer's owed steps repeat the next
+        the swarm's state instead (``_load_first_step``). The optimizer's owed steps repeat the next
         step's averaged gradients for the one missed, and the first is the one that differs most
         (stop 42: norms 5.3 then 3.1): in the network lab a volunteer that went on at the swarm's
         first step (late to its first round) took twice its second step's gradients, its Adam
         statistics without the largest; its update at step 6 or 7 was its own, and its gradients went
         into everyone's average: the swarm's mean loss 3.19 -> 4.90 for a step (runs 151 and 154: the
         runs whose volunteer went on at step 0). A newcomer has nothing of its own to lose in the
-        swarm's state, and its download costs it a second or two once."""
+        swarm's state but the samples of its first seconds, and its download costs it a second or two once."""
         if self.local_epoch == 0:
-            return self._load_keeping_samples(epoch)
+            return self._load_first_step(epoch)
         self._go_on_at(epoch)
 
-    def _load_keeping_samples(self, epoch: int) -> None:
-        """``load_state_from_peers``, with the samples accumulated so far carried into the step the
-        swarm is at (hivemind drops them). If no peer shared a state, the steps are owed as by
-        ``_go_on_at``."""
+    def _load_first_step(self, epoch: int) -> None:
+        """``load_state_from_peers``: the samples accumulated so far are dropped, as hivemind does
+        (computed on the initial parameters: carried into the swarm's second step, three of eight lab
+        runs rose swarm-wide at step 8, none of six that dropped them). If no peer shared a
+        state, the peer goes on with its samples, the steps owed as by ``_go_on_at``."""
         ga = self.grad_averager
         if isinstance(ga, StatelessGradientAverager):
             ga.flush_grads_()
@@ -687,18 +688,20 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             kept = [acc.detach().clone() for acc in ga._grad_accumulators()]
         samples, times = ga.local_samples_accumulated, ga.local_times_accumulated
         before = self.local_epoch
-        logger.info("The swarm took its first step without us: loading its state (our %d samples kept)", samples)
+        logger.info("The swarm took its first step without us: loading its state (our %d samples, "
+                    "computed on the initial parameters, are dropped)", samples)
         self.load_state_from_peers()
-        found = getattr(self.state_averager, "found_state", False)
+        if getattr(self.state_averager, "found_state", False):
+            return
+        # hivemind took the swarm's step number anyway: the steps are owed as by _go_on_at
+        logger.info("No peer shared its state: going on at step %d with our samples", self.local_epoch)
         with torch.no_grad():
             for acc, grad in zip(ga._grad_accumulators(), kept, strict=True):
                 acc.copy_(grad)
         ga.local_samples_accumulated, ga.local_times_accumulated = samples, times
-        if not found:  # hivemind took the swarm's step number anyway: the steps are owed as by _go_on_at
-            logger.info("No peer shared its state: going on at step %d with our samples", self.local_epoch)
-            if self._owed_steps is not None:
-                self._owed_steps.owe(max(epoch, self.local_epoch) - before)
-            self.state_averager.local_epoch = max(epoch, self.local_epoch)
+        if self._owed_steps is not None:
+            self._owed_steps.owe(max(epoch, self.local_epoch) - before)
+        self.state_averager.local_epoch = max(epoch, self.local_epoch)
         self.tracker.report_local_progress(self.local_epoch, samples)
 
     def _go_on_at(self, epoch: int) -> None:
