@@ -102,6 +102,7 @@ params = adam.param_groups[0]["params"]
 ours = torch.cat([p.detach().reshape(-1) for p in params])
 sq, swarm_sq = adam.state[params[0]]["exp_avg_sq"].reshape(-1), torch.tensor(swarm_state["sq"])
 print(json.dumps(dict(epoch=opt.local_epoch, samples=opt.grad_averager.local_samples_accumulated,
+                      dropped=opt.samples_dropped,
                       owed=opt._owed_steps.owed, steps=[swarm_state["step"], int(adam.state[params[0]]["step"])],
                       param_gap=float((ours - torch.tensor(swarm_state["params"])).abs().max()),
                       moment_gap=float(((sq - swarm_sq).abs() / swarm_sq.abs().clamp_min(1e-12)).max()))))
@@ -129,6 +130,7 @@ def test_without_the_wait_it_served_step_1_with_step_0s_parameters():
 def test_a_newcomer_that_missed_the_first_step_loads_the_swarms_state():
     out = probe_json(NEWCOMER, "patched", SWARM, timeout=240)
     assert out["epoch"] == 1 and out["samples"] == 0 and out["owed"] == 0  # its initial model's samples dropped
+    assert out["dropped"] == 4  # and not counted as its contribution (training.py)
     assert out["steps"][0] == out["steps"][1] == 1  # Adam's step count: the swarm's
     assert out["param_gap"] < 1e-3  # the swarm's parameters (sent in fp16)
     assert out["moment_gap"] < 1e-2  # and its statistics (sent in bfloat16)
@@ -136,5 +138,5 @@ def test_a_newcomer_that_missed_the_first_step_loads_the_swarms_state():
 
 def test_going_on_instead_left_it_without_the_swarms_first_update():
     out = probe_json(NEWCOMER, "going-on", SWARM, timeout=240)
-    assert out["epoch"] == 1 and out["samples"] == 4 and out["owed"] == 1
+    assert out["epoch"] == 1 and out["samples"] == 4 and out["owed"] == 1 and out["dropped"] == 0
     assert out["param_gap"] > 0.05  # its own initial parameters against a step of Adam at lr 0.1

@@ -499,6 +499,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
 
     rounds_joined = 0
     last_group_size = 0
+    samples_dropped = 0  # accumulated samples a state load threw away: never part of the swarm's steps
     averaging_seconds = 0.0
     _fresh_load = False  # a state was just loaded: the swarm may have stepped meanwhile
     _local_grads: list[torch.Tensor] | None = None  # this step's local gradients, while its round runs
@@ -699,6 +700,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             for acc, grad in zip(ga._grad_accumulators(), kept, strict=True):
                 acc.copy_(grad)
         ga.local_samples_accumulated, ga.local_times_accumulated = samples, times
+        self.samples_dropped -= samples  # (load_state_from_peers counted them dropped)
         if self._owed_steps is not None:
             self._owed_steps.owe(max(epoch, self.local_epoch) - before)
         self.state_averager.local_epoch = max(epoch, self.local_epoch)
@@ -752,7 +754,10 @@ class RoundCountingOptimizer(hivemind.Optimizer):
 
     def load_state_from_peers(self, **kwargs):
         swarm_before = self.tracker.global_epoch
+        held = self.grad_averager.local_samples_accumulated if self.grad_averager is not None else 0
         super().load_state_from_peers(**kwargs)
+        if self.grad_averager is not None:  # hivemind resets the accumulators after a load
+            self.samples_dropped += max(0, held - self.grad_averager.local_samples_accumulated)
         self._fresh_load = True
         if self._owed_steps is not None:
             self._owed_steps.clear()  # the swarm's own statistics now

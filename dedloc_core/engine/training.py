@@ -53,7 +53,8 @@ class Session:
         self._shards = shards  # the data, already being fetched (``fetch_in_background``), or None
         self.dht = self.optimizer = self.model = None
         carried = carried or {}  # the totals of an earlier session of this worker (see ``rejoin``)
-        self.samples = carried.get("samples", 0)
+        self.samples = carried.get("samples", 0)  # computed (the local rate); ``counted`` is the contribution
+        self._counted = self.samples
         self.compute_seconds = carried.get("compute_seconds", 0.0)
         self.paused_seconds = carried.get("paused_seconds", 0.0)
         self._carried_rounds = carried.get("rounds", 0)
@@ -238,10 +239,18 @@ class Session:
             return False
         return self.control.paused.is_set() or (self.on_gpu and self.limits.use_gpu is False)
 
+    def counted(self) -> int:
+        """The samples this volunteer contributed: those computed, less those a state load dropped
+        before they reached a step (a newcomer late to the swarm's first step, a peer far behind).
+        Never less than last reported (the recorder reads a smaller total as a new worker): drops
+        already reported are taken off the samples that follow."""
+        self._counted = max(self._counted, self.samples - getattr(self.optimizer, "samples_dropped", 0))
+        return self._counted
+
     def totals(self) -> dict:
         """What a follow-up session carries on: the Stats totals are per worker process."""
         opt = self.optimizer
-        return dict(samples=self.samples, compute_seconds=self.compute_seconds, paused_seconds=self.paused_seconds,
+        return dict(samples=self.counted(), compute_seconds=self.compute_seconds, paused_seconds=self.paused_seconds,
                     rounds=self._carried_rounds + (opt.rounds_joined if opt is not None else 0),
                     averaging_seconds=self._carried_averaging + (opt.averaging_seconds if opt is not None else 0.0))
 
@@ -375,7 +384,7 @@ class Session:
         )
         self.channel.send(
             Stats(
-                samples=self.samples,
+                samples=self.counted(),
                 compute_seconds=self.compute_seconds,
                 rounds=self._carried_rounds + opt.rounds_joined,
                 bytes_sent=sent,
@@ -409,7 +418,7 @@ class Session:
                 peer_id=self.peer_id,
                 step=opt.local_epoch,
                 loss=self.loss_ema,
-                samples=self.samples,
+                samples=self.counted(),
                 samples_per_second=local_sps,
                 compute_seconds=self.compute_seconds,
                 time=time.time(),
