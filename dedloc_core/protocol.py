@@ -135,13 +135,14 @@ class Progress(_Tagged, tag="progress"):
 class Stats(_Tagged, tag="stats"):
     """Cumulative totals of this worker process since it started."""
 
-    samples: int
+    samples: int  # computed
     compute_seconds: float
     rounds: int
     bytes_sent: int
     bytes_received: int
     paused_seconds: float
     averaging_seconds: float = 0.0  # time spent in gradient averaging rounds
+    samples_dropped: int = 0  # of ``samples``, those a state load dropped before they reached a step
     device: Literal["cpu", "gpu"] = "cpu"  # where compute_seconds since the last stats event were spent
 
 

@@ -1,6 +1,7 @@
-"""A volunteer's samples figure counts what reached the swarm: samples a state load dropped are taken
-off (``Session.counted``), and the running total the worker reports never goes down, which the stats
-recorder would read as a new worker and count the whole total again (a real SQLite stats file)."""
+"""A volunteer's samples figure counts what reached the swarm: the worker reports the samples it
+computed and, of those, the ones a state load dropped (``Session.dropped``); the stats recorder
+records the difference into a real SQLite file, never less than before (drops of samples already
+recorded come off the samples that follow), and the metrics record does the same (``Session.counted``)."""
 
 from __future__ import annotations
 
@@ -12,35 +13,48 @@ from dedloc_core.stats.db import StatsStore
 from dedloc_core.stats.recorder import StatsRecorder
 
 
-def report(rec: StatsRecorder, session: Session) -> int:
-    samples = session.counted()
-    rec.on_event(Stats(samples=samples, compute_seconds=float(session.samples), rounds=0, bytes_sent=0,
-                       bytes_received=0, paused_seconds=0.0))
-    return samples
+def report(rec: StatsRecorder, session: Session) -> None:
+    rec.on_event(Stats(samples=session.samples, samples_dropped=session.dropped(),
+                       compute_seconds=1.0 * session.samples, rounds=0, bytes_sent=0, bytes_received=0,
+                       paused_seconds=0.0))
 
 
-def test_dropped_samples_are_not_counted_and_the_total_never_goes_down(tmp_path):
+def recorded(rec: StatsRecorder, path) -> int:
+    rec.flush()
+    return StatsStore(path).totals().samples
+
+
+def test_dropped_samples_are_not_recorded_nor_taken_twice(tmp_path):
+    path = tmp_path / "s.db"
     session = Session(start=None, control=None, channel=None)
     session.optimizer = SimpleNamespace(samples_dropped=0)
-    rec = StatsRecorder(tmp_path / "s.db", "demo", flush_interval=1e9, clock=lambda: 1_000_000.0)
+    rec = StatsRecorder(path, "demo", flush_interval=1e9, clock=lambda: 1_000_000.0)
     session.samples = 64
-    assert report(rec, session) == 64  # reported while still accumulating
+    report(rec, session)  # recorded while still accumulating
+    assert recorded(rec, path) == 64 == session.counted()
     session.samples, session.optimizer.samples_dropped = 96, 96  # a state load dropped all 96
-    assert report(rec, session) == 64  # not less than reported
+    report(rec, session)
+    assert recorded(rec, path) == 64 == session.counted()  # nothing taken back, nothing counted twice
     session.samples = 160
-    assert report(rec, session) == 64  # the 32 dropped after the report come off what follows
+    report(rec, session)
+    assert recorded(rec, path) == 64 == session.counted()  # the 32 dropped after it come off what follows
     session.samples = 200
-    assert report(rec, session) == 104
+    report(rec, session)
+    assert recorded(rec, path) == 104 == session.counted() == 200 - 96
     rec.close()
-    assert StatsStore(tmp_path / "s.db").totals().samples == 104 == 200 - 96
 
 
-def test_a_follow_up_session_carries_the_counted_total():
+def test_a_follow_up_session_carries_what_was_dropped():
     session = Session(start=None, control=None, channel=None)
-    session.optimizer = SimpleNamespace(samples_dropped=40, rounds_joined=0, averaging_seconds=0.0)
-    session.samples = 100
+    session.optimizer = SimpleNamespace(samples_dropped=0, rounds_joined=0, averaging_seconds=0.0)
+    session.samples = 64
+    assert session.counted() == 64
+    session.samples, session.optimizer.samples_dropped = 100, 80
+    assert session.counted() == 64  # 20 computed and kept, 80 dropped
     follow_up = Session(start=None, control=None, channel=None, carried=session.totals())
     follow_up.optimizer = SimpleNamespace(samples_dropped=0)  # a new optimizer: nothing dropped yet
-    assert follow_up.counted() == 60
-    follow_up.samples += 10
-    assert follow_up.counted() == 70
+    assert follow_up.dropped() == 80 and follow_up.counted() == 64  # its figure does not go back
+    follow_up.samples += 30
+    assert follow_up.counted() == 64
+    follow_up.samples += 20
+    assert follow_up.counted() == 150 - 80

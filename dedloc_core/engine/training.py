@@ -53,8 +53,9 @@ class Session:
         self._shards = shards  # the data, already being fetched (``fetch_in_background``), or None
         self.dht = self.optimizer = self.model = None
         carried = carried or {}  # the totals of an earlier session of this worker (see ``rejoin``)
-        self.samples = carried.get("samples", 0)  # computed (the local rate); ``counted`` is the contribution
-        self._counted = self.samples
+        self.samples = carried.get("samples", 0)  # computed; ``counted`` is the contribution
+        self._carried_dropped = carried.get("samples_dropped", 0)
+        self._counted = carried.get("counted", 0)
         self.compute_seconds = carried.get("compute_seconds", 0.0)
         self.paused_seconds = carried.get("paused_seconds", 0.0)
         self._carried_rounds = carried.get("rounds", 0)
@@ -239,18 +240,22 @@ class Session:
             return False
         return self.control.paused.is_set() or (self.on_gpu and self.limits.use_gpu is False)
 
+    def dropped(self) -> int:
+        """Samples a state load dropped before they reached a step (a newcomer late to the swarm's
+        first step, a peer far behind): computed, but not part of the swarm's training."""
+        return self._carried_dropped + getattr(self.optimizer, "samples_dropped", 0)
+
     def counted(self) -> int:
-        """The samples this volunteer contributed: those computed, less those a state load dropped
-        before they reached a step (a newcomer late to the swarm's first step, a peer far behind).
-        Never less than last reported (the recorder reads a smaller total as a new worker): drops
-        already reported are taken off the samples that follow."""
-        self._counted = max(self._counted, self.samples - getattr(self.optimizer, "samples_dropped", 0))
+        """The samples this volunteer contributed (its metrics record), never less than the last
+        figure: drops already published are taken off the samples that follow."""
+        self._counted = max(self._counted, self.samples - self.dropped())
         return self._counted
 
     def totals(self) -> dict:
         """What a follow-up session carries on: the Stats totals are per worker process."""
         opt = self.optimizer
-        return dict(samples=self.counted(), compute_seconds=self.compute_seconds, paused_seconds=self.paused_seconds,
+        return dict(samples=self.samples, samples_dropped=self.dropped(), counted=self.counted(),
+                    compute_seconds=self.compute_seconds, paused_seconds=self.paused_seconds,
                     rounds=self._carried_rounds + (opt.rounds_joined if opt is not None else 0),
                     averaging_seconds=self._carried_averaging + (opt.averaging_seconds if opt is not None else 0.0))
 
@@ -384,7 +389,8 @@ class Session:
         )
         self.channel.send(
             Stats(
-                samples=self.counted(),
+                samples=self.samples,
+                samples_dropped=self.dropped(),
                 compute_seconds=self.compute_seconds,
                 rounds=self._carried_rounds + opt.rounds_joined,
                 bytes_sent=sent,

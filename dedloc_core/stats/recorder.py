@@ -2,7 +2,9 @@
 
 A ``stats`` event carries the cumulative totals of one worker process, so the recorder keeps the
 last totals it saw and adds the difference. A new worker (a ``hello``, the end of the event stream,
-``begin()``, or totals that went down) starts again from zero. Time paused is measured here, from
+``begin()``, or totals that went down) starts again from zero. Samples count those that reached the
+swarm: ``samples`` less ``samples_dropped`` (a state load drops samples not yet in a step), never less
+than before, so a drop of samples already recorded comes off the samples that follow. Time paused is measured here, from
 ``state`` events, so that it carries its reason; the ``paused_seconds`` of ``stats`` is not used.
 The supervisor may also pass a ``State(state="paused", reason=...)`` of its own while no worker
 runs (a long pause tears the worker down).
@@ -30,8 +32,7 @@ logger = logging.getLogger(__name__)
 
 COMPLAIN_EVERY = 60.0  # seconds between two log lines about the same failing commits
 TICKS = 4  # the background thread's checks per flush interval (it waited a whole one: 4 s lost)
-_STAT_FIELDS = {"samples": "samples", "rounds": "rounds", "bytes_sent": "bytes_sent",
-                "bytes_received": "bytes_received"}
+_STAT_FIELDS = {"rounds": "rounds", "bytes_sent": "bytes_sent", "bytes_received": "bytes_received"}
 
 
 class StatsRecorder:
@@ -46,6 +47,7 @@ class StatsRecorder:
         self._lock = threading.RLock()
         self._pending: dict[tuple[str, int], Delta] = {}
         self._last: Stats | None = None
+        self._counted = 0  # the last worker's samples recorded: computed less dropped, never less than before
         self._paused: tuple[str, float] | None = None  # (reason, credited up to)
         self._next_flush = clock() + flush_interval
         self._failures = 0  # commits failed in a row (a full disk)
@@ -91,7 +93,13 @@ class StatsRecorder:
         if last is None or restarted:
             last = Stats(samples=0, compute_seconds=0.0, rounds=0, bytes_sent=0, bytes_received=0,
                          paused_seconds=0.0)
+            self._counted = 0
         delta = self._delta(self.experiment, hour_of(now))
+        # samples that reached the swarm: those a state load dropped are taken off, from the samples
+        # that follow when they were recorded already
+        counted = max(self._counted, stats.samples - stats.samples_dropped)
+        delta.counters["samples"] += counted - self._counted
+        self._counted = counted
         for name, column in _STAT_FIELDS.items():
             delta.counters[column] += max(0, getattr(stats, name) - getattr(last, name))
         device = "gpu_seconds" if stats.device == "gpu" else "cpu_seconds"
