@@ -34,10 +34,11 @@ from hivemind.utils.streaming import combine_from_streaming
 logger = logging.getLogger(__name__)
 
 
-def start(dht, run_id: str, timeout: float) -> MPFuture:
+def start(dht, run_id: str, timeout: float, expected: int | None = None) -> MPFuture:
     """Download the swarm's newest state in ``dht``'s event loop; the future gives ``(metadata, tensors)``,
     or None when the swarm is at step 0 or nobody shares a state."""
-    return dht.run_coroutine(partial(_download, run_id=run_id, timeout=timeout), return_future=True)
+    return dht.run_coroutine(partial(_download, run_id=run_id, timeout=timeout, expected=expected),
+                             return_future=True)
 
 
 def swarm_step(progress) -> int:
@@ -49,7 +50,7 @@ def swarm_step(progress) -> int:
     return max((e for e in epochs if isinstance(e, int)), default=0)
 
 
-async def _download(_dht, node, run_id: str, timeout: float):
+async def _download(_dht, node, run_id: str, timeout: float, expected: int | None = None):
     asked = time.monotonic()
     prefix = f"{run_id}_state_averager"
     progress, found = await asyncio.gather(node.get(f"{run_id}_progress", latest=True),  # a lookup each,
@@ -66,20 +67,27 @@ async def _download(_dht, node, run_id: str, timeout: float):
         try:
             stub = state_averager.TrainingStateAverager.get_stub(node.p2p, peer, namespace=prefix)
             stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
-            metadata, tensors, parts, wire, first = None, [], [], 0, None
+            metadata, tensors, parts, wire, first, whole = None, [], [], 0, None, True
             async for message in aiter_with_timeout(stream, timeout=timeout):
                 first = first or time.monotonic() - began
                 wire += len(message.tensor_part.buffer)
                 if message.metadata:
                     metadata = MSGPackSerializer.loads(message.metadata)
                 if message.tensor_part.dtype and parts:  # a new tensor begins
+                    whole = whole and len(parts) >= parts[0].chunks
                     tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
                     parts = []
                 parts.append(message.tensor_part)
             if parts:
+                whole = whole and len(parts) >= parts[0].chunks
                 tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
         except Exception as exc:
             logger.warning(f"Could not download the state from {peer}: {exc!r}")
+            continue
+        if metadata and (not whole or expected is not None and len(tensors) != expected):
+            # the stream ended early without an error (seen once in CI: 11 of 24 tensors)
+            logger.warning(f"The state from {peer} came incomplete ({len(tensors)} tensors"
+                           f"{'' if expected is None else f' of {expected}'}): trying the next peer")
             continue
         if metadata:
             size = sum(t.numel() * (4 if t.is_floating_point() else t.element_size()) for t in tensors)
@@ -104,6 +112,10 @@ class _UsesPrefetched(DecentralizedAverager):
         self.found_state = state is not None
         return state
 
+    def _state_tensors(self) -> int | None:
+        """How many tensors a whole state of this averager has (None: not known)."""
+        return None
+
     def _load_state(self, wait: bool, timeout: float | None):
         future, self.prefetched, self.used_prefetched = self.prefetched, None, False
         if future is not None and wait:
@@ -111,6 +123,11 @@ class _UsesPrefetched(DecentralizedAverager):
                 state = future.result(timeout=timeout)
             except Exception as exc:
                 logger.warning("The state downloaded while joining is lost (%r); downloading it again", exc)
+                state = None
+            whole = self._state_tensors()
+            if state is not None and whole is not None and len(state[1]) != whole:
+                logger.warning("The state downloaded while joining is incomplete (%d of %d tensors): downloading"
+                               " it again", len(state[1]), whole)
                 state = None
             if state is not None and state[0].get("epoch", -1) >= self.min_epoch:
                 self.used_prefetched = True
@@ -217,3 +234,6 @@ class TrainingStateAverager(_ServesWholeSteps, _HandsOverPacked, state_averager.
     """hivemind's TrainingStateAverager whose next load may use a state downloaded beforehand, that
     serves a state only once its step's delayed update is in it, and that hands it to its own
     process packed (the same class name: it names the handlers on the wire)."""
+
+    def _state_tensors(self) -> int:
+        return len(state_averager.TrainingStateAverager.get_current_state(self)[1])  # hivemind's, unpacked
