@@ -380,6 +380,40 @@ def test_a_newcomer_gets_the_optimizer_statistics_in_half_the_bytes_and_their_ra
     assert got["wire"] < 0.55 * got["memory"], got
 
 
+def test_dht_clients_serve_the_dht_when_the_backbone_is_gone(spawn_worker, corpus_server, tmp_path):
+    """``volunteer_dht="client"`` volunteers keep averaging when their only backbone dies: two pings
+    in a row unanswered and each starts serving the DHT and introduces itself to the peers it is
+    connected to (``dht_fallback``). Without that, their DHT requests had nobody to go to and no
+    group formed."""
+    import hivemind
+
+    exp = tiny_experiment(volunteer_dht="client")
+    backbone, ready, _ = start_backbone(exp, tmp_path)
+    probe = None
+    try:
+        peers = [join(spawn_worker, corpus_server, f"p{i}", initial_peers=ready["maddrs"], seed=i + 1,
+                      volunteer_dht="client") for i in (1, 2)]
+        wait_until(peers, lambda: all(p.stats and p.stats.rounds >= 2 for p in peers), 180,
+                   "both volunteers should join two averaging rounds")
+        ids = [p.maddrs[0].rsplit("/p2p/", 1)[1] for p in peers]
+        # the probe's p2pd knows the volunteers' addresses; its DHT knows only the backbone
+        probe = hivemind.DHT(initial_peers=ready["maddrs"] + [p.maddrs[0] for p in peers],
+                             host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True, start=True)
+        assert not any(_answers_dht_ping(probe, i) for i in ids), "a volunteer served while the backbone was up"
+        backbone.kill()
+        backbone.wait(timeout=30)
+        before = [p.rounds for p in peers]
+        wait_until(peers, lambda: all(p.rounds >= r + 3 for p, r in zip(peers, before, strict=True)), 240,
+                   f"the volunteers should average without the backbone (rounds when it died: {before})")
+        assert all(_answers_dht_ping(probe, i) for i in ids), "a volunteer does not serve the DHT"
+    finally:
+        if probe is not None:
+            probe.shutdown()
+        if backbone.poll() is None:
+            backbone.terminate()
+            backbone.wait(timeout=30)
+
+
 async def _ping(peer_id: str, _dht, node):
     from hivemind.p2p import PeerID
 

@@ -239,11 +239,11 @@ class Experiment(_Model, kw_only=True):
     # 1 sends the parameters (fp16) every step besides the gradients: a newcomer on a 20 Mbit/s link
     # then kept the whole swarm's rounds failing for 20-30 s (bench/join_time.py, bench/README.md)
     average_state_every: Annotated[int, Meta(ge=1, le=1000)] = 4
-    # "client": volunteers use the swarm's DHT without serving it, so the backbones (initial_peers)
-    # serve every request: each volunteer's helpers used 0.005-0.012 of a core less in the lab; not
-    # the default: while no backbone is up, nobody answers their DHT requests (README).
-    # "server": reachable volunteers serve it too, as hivemind does
-    volunteer_dht: Literal["server", "client"] = "server"
+    # "client": volunteers use the swarm's DHT without serving it while a backbone (initial_peers)
+    # answers, so the backbones serve every request: each volunteer's helpers used 0.005-0.012 of a
+    # core less in the lab; with no backbone answering they serve it (engine/dht_fallback.py).
+    # "server": reachable volunteers serve it from the start, as hivemind does
+    volunteer_dht: Literal["server", "client"] = "client"
     diloco: DilocoParams = DilocoParams()
     # How each peer combines the parts it reduces (engine/robust.py): a NaN/inf part is dropped either way
     aggregation: Literal["mean", "centered_clip"] = "mean"

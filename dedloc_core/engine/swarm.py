@@ -202,6 +202,7 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
         opts.update(client_mode=True, dht_mode="server")
     dht = hivemind.DHT(start=True, **opts)
     dht.dedloc_serves_averaging = serves_averaging
+    dht.dedloc_dht_client = serves_averaging and opts["client_mode"]  # serves the DHT if no backbone does
     return dht
 
 

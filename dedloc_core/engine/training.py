@@ -24,6 +24,7 @@ from dedloc_core.protocol import Progress, Start, State, Stats
 
 from . import gate, hivemind_patches, invited, limits, metrics, prefetch, reachability, robust, swarm
 from .channel import Control, EventChannel
+from .dht_fallback import DhtFallback
 from .diloco import DilocoOptimizer
 from .reachability import RELAY_LOST, VIA_RELAY, only_loopback
 from .recipes import load_recipe
@@ -162,6 +163,10 @@ class Session:
         # on loopback no link goes down; elsewhere a watchdog finds the swarm again after an outage
         self._watchdog = Watchdog(self.dht, [] if only_loopback(cfg.host_maddrs) else cfg.initial_peers,
                                   relayed=self.reachability == VIA_RELAY)
+        # a volunteer that only uses the DHT serves it while no backbone answers
+        self._dht_fallback = DhtFallback(
+            self.dht, cfg.initial_peers if getattr(self.dht, "dedloc_dht_client", False) else [],
+            lost=(lambda: self._watchdog.lost_since is not None) if self._watchdog.peers else None)
         self._relay_ok_reported = True
         return self
 
@@ -214,8 +219,9 @@ class Session:
             self._state("joining", "Reconnecting to the backbone's relay")
         else:
             self._state("stopping", "Leaving the swarm")
-        if getattr(self, "_watchdog", None) is not None:
-            self._watchdog.stop()
+        for watcher in (getattr(self, "_watchdog", None), getattr(self, "_dht_fallback", None)):
+            if watcher is not None:
+                watcher.stop()
         if getattr(self, "renewer", None) is not None:
             self.renewer.stop()
         for obj in (self.optimizer, self.dht):

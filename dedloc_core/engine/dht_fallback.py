@@ -1,0 +1,93 @@
+"""A volunteer that only uses the swarm's DHT (``volunteer_dht: "client"``) starts serving it when
+no backbone answers: else, with the backbones down, its DHT requests would have nobody to go to,
+no group would form and the swarm would stop averaging.
+
+``DhtFallback`` pings the initial peers (the backbones) every ``period`` seconds from a thread.
+After ``misses`` pings in a row that none answered, it turns the DHT into a server in the DHT's
+own process (``_Serve``: hivemind's ``DHTProtocol.create`` does the same for a server) and
+introduces it to every peer p2pd is connected to (the volunteers it averaged with); those that
+serve too add it to their routing tables, and it adds them. It keeps introducing itself while no
+backbone answers, since other volunteers turn into servers at their own moment. It stays a server
+for the rest of the session (what ``"server"`` volunteers always are).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+
+from . import reachability
+
+logger = logging.getLogger(__name__)
+
+
+class DhtFallback:
+    """``lost``: whether the backbones are out of reach, if something else (``Watchdog``) pings them
+    already; else this pings them itself."""
+
+    def __init__(self, dht, initial_peers: list[str], period: float = 5.0, misses: int = 2,
+                 lost: Callable[[], bool] | None = None):
+        self.dht, self.peers, self.period, self.misses, self.lost = dht, list(initial_peers), period, misses, lost
+        self.serving = threading.Event()  # set once the DHT serves
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dht-fallback", daemon=True)
+        if self.peers:
+            self._thread.start()
+
+    def _run(self) -> None:
+        missed = 0
+        while not self._stop.wait(self.period):
+            if self.lost is not None:
+                if not self.lost():
+                    continue
+            elif reachability.ping_initial_peers(self.dht, self.peers, timeout=self.period):
+                missed = 0
+                continue
+            else:
+                missed += 1
+                if missed < self.misses:
+                    continue
+            try:
+                became, known = self.dht.run_coroutine(_Serve(timeout=self.period))
+            except Exception as exc:  # noqa: BLE001 - the DHT is going away; the session ends it
+                logger.debug("Could not serve the DHT: %r", exc)
+                continue
+            if became:
+                self.serving.set()
+                logger.warning("No backbone answers: this peer serves the swarm's DHT now (%d peers known)", known)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.period + 5)
+
+
+class _Serve:
+    """In the DHT's process: serve DHT requests, and ping each connected peer not in our routing
+    table, so that those that serve add us (and we them). Returns (whether we became a server now,
+    peers in the routing table)."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+
+    async def __call__(self, _dht, node) -> tuple[bool, int]:
+        from hivemind.proto import dht_pb2
+        from hivemind.utils.auth import AuthRole, AuthRPCWrapper
+
+        protocol = node.protocol
+        became = protocol.client_mode
+        if became:
+            await protocol.add_p2p_handlers(protocol.p2p, AuthRPCWrapper(protocol, AuthRole.SERVICER,
+                                                                         protocol.authorizer))
+            protocol.node_info = dht_pb2.NodeInfo(node_id=node.node_id.to_bytes())
+            protocol.client_mode = False
+        known = protocol.routing_table.peer_id_to_uid
+        peers = [info.peer_id for info in await node.p2p.list_peers() if info.peer_id not in known]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(protocol.call_ping(p) for p in peers), return_exceptions=True),
+                                   self.timeout)
+        except TimeoutError:
+            pass
+        return became, len(known)
