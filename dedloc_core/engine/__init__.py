@@ -19,6 +19,7 @@ The code is organized as follows:
 - ``invited``: a volunteer's token for an invite-only experiment: redeem, renew at half life.
 - ``bandwidth``: the shared token buckets that cap this peer's p2p traffic.
 - ``reachability``: direct, via relay or outbound only; the dial-back service.
+- ``dht_fallback``: a volunteer that only uses the swarm's DHT serves it while no backbone answers.
 - ``metrics``: signed per-peer metrics in the DHT (the leaderboard's source).
 - ``limits``: priority, threads, GPU, bandwidth caps and the pause gate the worker applies to itself.
 - ``shard_cache``: the bounded, verified download cache of data shards.
