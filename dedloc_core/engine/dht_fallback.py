@@ -30,7 +30,6 @@ class DhtFallback:
     def __init__(self, dht, initial_peers: list[str], period: float = 5.0, misses: int = 2,
                  lost: Callable[[], bool] | None = None):
         self.dht, self.peers, self.period, self.misses, self.lost = dht, list(initial_peers), period, misses, lost
-        self.serving = threading.Event()  # set once the DHT serves
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dht-fallback", daemon=True)
         if self.peers:
@@ -55,13 +54,12 @@ class DhtFallback:
                 logger.debug("Could not serve the DHT: %r", exc)
                 continue
             if became:
-                self.serving.set()
                 logger.warning("No backbone answers: this peer serves the swarm's DHT now (%d peers known)", known)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self.period + 5)
+        if self._thread.is_alive():  # a ping under way ends with the DHT's shutdown: do not wait it out
+            self._thread.join(timeout=1.0)
 
 
 class _Serve:
