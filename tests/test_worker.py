@@ -432,6 +432,26 @@ def test_corrupt_shard_is_a_fatal_error_exit_3(spawn_worker):
     assert not [p for p in cached.iterdir() if p.name.startswith(shard["sha256"])], list(cached.iterdir())
 
 
+def test_an_entry_point_whose_dht_does_not_answer_is_reported_by_name_exit_3(spawn_worker, corpus_server):
+    """Initial peers that p2pd reaches but whose DHT answers no ping (a backbone gone, a volunteer
+    that only uses the DHT): the worker says the swarm is unreachable, not "crashed"."""
+    import hivemind
+
+    entry = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True, start=True)
+    try:
+        worker = spawn_worker("lost")
+        maddrs = [str(m) for m in entry.get_visible_maddrs()]
+        assert worker.send(start_command(corpus_server, worker.home, initial_peers=maddrs))
+        code = wait_exit(worker, START_TIMEOUT)
+        events = collect_to_end(worker, 5)
+    finally:
+        entry.shutdown()
+    assert code == 3, describe(events)
+    errors = fatal_errors(events)
+    assert len(errors) == 1 and errors[0].code == "swarm_unreachable", describe(events)
+    assert maddrs[0] in errors[0].message
+
+
 def test_a_second_worker_with_the_same_identity_is_refused_by_name_exit_3(spawn_worker, corpus_server):
     """Two workers with one peer identity (a data folder copied to another computer): the second is
     told why and what to do, not handed a P2PDaemonError traceback."""

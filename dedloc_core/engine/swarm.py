@@ -223,6 +223,15 @@ def join_swarm(cfg: SwarmConfig, on_start=None) -> tuple[hivemind.DHT, str]:
 
     try:
         return reachability.join(cfg, start_dht, on_start=on_start)
+    except RuntimeError as exc:
+        if "bootstrap failed" not in str(exc):
+            raise
+        # p2pd reached them, their DHTs did not answer: down, or volunteers that only use the DHT
+        raise WorkerError(
+            "None of the swarm's entry points answered (its initial peers: "
+            f"{', '.join(cfg.initial_peers)}).", title="Swarm unreachable", code="swarm_unreachable",
+            hint="The experiment's backbone may be down: try again later. A volunteer's address is "
+                 "no entry point (volunteers only use the swarm's DHT); give a backbone's.") from exc
     except P2PDaemonError as exc:
         if "already taken" not in str(exc):
             raise
