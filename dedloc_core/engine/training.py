@@ -166,7 +166,7 @@ class Session:
         # a volunteer that only uses the DHT serves it while no backbone answers
         self._dht_fallback = DhtFallback(
             self.dht, cfg.initial_peers if getattr(self.dht, "dedloc_dht_client", False) else [],
-            lost=(lambda: self._watchdog.lost_since is not None) if self._watchdog.peers else None)
+            lost_since=(lambda: self._watchdog.lost_since) if self._watchdog.peers else None)
         self._relay_ok_reported = True
         return self
 
