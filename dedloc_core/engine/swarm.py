@@ -230,8 +230,8 @@ def join_swarm(cfg: SwarmConfig, on_start=None) -> tuple[hivemind.DHT, str]:
         raise WorkerError(
             "None of the swarm's entry points answered (its initial peers: "
             f"{', '.join(cfg.initial_peers)}).", title="Swarm unreachable", code="swarm_unreachable",
-            hint="The experiment's backbone may be down: try again later. A volunteer's address is "
-                 "no entry point (volunteers only use the swarm's DHT); give a backbone's.") from exc
+            hint="The experiment's backbone may be down: try again later. A volunteer's address may "
+                 "belong to a peer that does not serve the swarm's DHT: give a backbone's.") from exc
     except P2PDaemonError as exc:
         if "already taken" not in str(exc):
             raise
