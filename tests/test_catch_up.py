@@ -2,9 +2,7 @@
 download) goes on from the swarm's step instead of downloading the whole state again
 (``swarm.RoundCountingOptimizer.load_state_from_peers`` and ``_should_load_state_from_peers``): a
 second download would last as long and find the swarm as far ahead. A state older than the swarm was
-when the download began is loaded again, as hivemind does. After a load the peer publishes its step
-less 0.5 as its state-sharing priority, so that downloads ask it after the peers at its step until
-its next step. Real hivemind DHTs on loopback."""
+when the download began is loaded again, as hivemind does. Real hivemind DHTs on loopback."""
 
 from __future__ import annotations
 
@@ -65,7 +63,7 @@ else:  # the swarm steps while the download lasts (no peer serves a state here: 
 if mode != "after":
     opt.load_state_from_peers()
 wait_for_tracker(ahead)
-print(opt._should_load_state_from_peers(), opt.local_epoch, opt.state_averager.state_sharing_priority)
+print(opt._should_load_state_from_peers(), opt.local_epoch)
 tracker.shutdown()
 opt.shutdown()
 other.shutdown()
@@ -78,23 +76,22 @@ def probe(mode: str, ahead: int) -> str:
 
 
 def test_a_peer_that_just_loaded_the_state_takes_the_swarms_next_step_without_loading_again():
-    # and it is asked for the state after the peers at its step (priority step - 0.5) until it steps
-    assert probe("patched", 1) == "False 1 0.5"
+    assert probe("patched", 1) == "False 1"
 
 
 def test_a_peer_whose_swarm_steps_just_after_the_load_takes_that_step_without_loading_again():
     # (the strict check at the tracker's first read after the load: _should_load_state_from_peers)
-    assert probe("after", 1) == "False 1 -0.5"
+    assert probe("after", 1) == "False 1"
 
 
 def test_a_peer_the_swarm_outpaced_by_steps_during_its_download_goes_on_from_the_swarms_step():
-    assert probe("patched", 3) == "False 3 2.5"
+    assert probe("patched", 3) == "False 3"
 
 
 def test_hivemind_alone_loads_the_whole_state_again():
-    assert probe("plain", 1) == "True 0 0.0"  # hivemind publishes the step a load reached
-    assert probe("plain", 3) == "True 0 0.0"
+    assert probe("plain", 1) == "True 0"
+    assert probe("plain", 3) == "True 0"
 
 
 def test_a_state_older_than_the_swarm_was_when_the_download_began_is_loaded_again():
-    assert probe("stale-state", 3) == "True 0 -0.5"
+    assert probe("stale-state", 3) == "True 0"

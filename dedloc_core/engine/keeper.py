@@ -161,7 +161,6 @@ class SyncKeeper:
 
     def __init__(self, dht, cfg, model, recipe, follow_every: float = 0.0):
         self.opt = swarm.build_optimizer(dht, cfg, model, recipe)
-        self.opt.asked_last_after_load = False  # it never steps: its priority is its step, as hivemind's
         self.follow_every, self._loaded = follow_every, -float("inf")
         self._due_since: float | None = None
 

@@ -510,7 +510,6 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     rounds_joined = 0
     last_group_size = 0
     samples_dropped = 0  # accumulated samples a state load threw away: never part of the swarm's steps
-    asked_last_after_load = True  # after a state load, share it below peers at the same step
     averaging_seconds = 0.0
     _fresh_load = False  # a state was just loaded: the swarm may have stepped meanwhile
     _local_grads: list[torch.Tensor] | None = None  # this step's local gradients, while its round runs
@@ -781,11 +780,6 @@ class RoundCountingOptimizer(hivemind.Optimizer):
             # the steps (OwedSteps replays two at most); our parameters, older by the rest, meet the
             # swarm's at the next parameter round.
             self._go_on_after_load()
-        if self.asked_last_after_load and not self.client_mode:
-            # Peers at our step are asked for the state first until our next step (hivemind then
-            # publishes the step number again): a newcomer's link may be the swarm's slowest, and a
-            # backbone that downloaded 10 MB from a 20 Mbit/s newcomer failed its second round.
-            self.state_averager.state_sharing_priority = self.local_epoch - 0.5
 
     def _go_on_after_load(self) -> None:
         """Take the swarm's step number after a state load the swarm outpaced (no second download)."""
