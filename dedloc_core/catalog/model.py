@@ -242,8 +242,7 @@ class Experiment(_Model, kw_only=True):
     # "client": volunteers use the swarm's DHT without serving it while a backbone (initial_peers)
     # answers, so the backbones serve every request: each volunteer's helpers used 0.005-0.012 of a
     # core less in the lab; with no backbone answering they serve it (engine/dht_fallback.py). Not
-    # the default: a capped volunteer whose only DHT server was behind its busy link sat its steps
-    # out (README). "server": reachable volunteers serve it too, as hivemind does
+    # yet the default (README). "server": reachable volunteers serve it too, as hivemind does
     volunteer_dht: Literal["server", "client"] = "server"
     diloco: DilocoParams = DilocoParams()
     # How each peer combines the parts it reduces (engine/robust.py): a NaN/inf part is dropped either way
