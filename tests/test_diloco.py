@@ -253,7 +253,7 @@ def test_killed_peer_does_not_stop_the_round_and_newcomer_sends_zero_first(spawn
                "the survivors stalled after a peer was killed during a sync")
     agree(survivors, after=at_kill, codec="8bit")
 
-    # through the swarm's entry point: the others only use its DHT (volunteer_dht "client")
+    # through the swarm's first peer: with volunteer_dht "client" the others would not serve the DHT
     newcomer = join(spawn_worker, corpus_server, "d3", initial_peers=first.maddrs, seed=4)
     joined_at = max(p.round for p in survivors)
     everyone = [first, second, newcomer]

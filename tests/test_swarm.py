@@ -92,7 +92,7 @@ def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, 
                "the swarm stalled after a peer was killed")
 
     monkeypatch.setenv("DEDLOC_TEST_LOG_LEVEL", "INFO")  # the newcomer's log says where its state came from
-    # through the swarm's entry point: the others only use its DHT (volunteer_dht "client")
+    # through the swarm's first peer: with volunteer_dht "client" the others would not serve the DHT
     newcomer = join(spawn_worker, corpus_server, "p3", initial_peers=first.maddrs, seed=4)
     everyone = [first, second, newcomer]
     for peer in everyone:
