@@ -17,8 +17,9 @@ Steps, in one run:
    its first one. "hivemind defaults": hivemind.Optimizer's own options (no overlap, no compression,
    no declared bandwidth). "ours": overlap (delayed gradient averaging and optimizer step), fp16
    gradients, DeDLOC load balancing with each volunteer's declared bandwidth, parameters averaged
-   every 4th step; ``--volunteer-dht client``: its volunteers use the DHT without serving it while
-   the backbone answers (bench/README, stops 51 and 55). Beside each mode a
+   every 4th step; its volunteers use the DHT without serving it while the backbone answers (the
+   catalog's default ``volunteer_dht: "client"``; ``--volunteer-dht server``: they serve it as
+   hivemind's do; bench/README, stops 51, 55 and 56). Beside each mode a
    reference node (its own CPU group with the same quota, no network) runs the bare loop the whole
    time: the solo rate measured during the column, not minutes away from it.
 
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-every", type=int, default=0, help="override average_state_every of both modes")
     parser.add_argument("--follow-every", type=float, default=30.0, help="the backbone's --follow-every")
     parser.add_argument("--micro-batch", type=int, default=32, help="samples per micro-batch (solo and swarm)")
-    parser.add_argument("--volunteer-dht", default="server", choices=("server", "client"),
+    parser.add_argument("--volunteer-dht", default="client", choices=("server", "client"),
                         help="the experiment's volunteer_dht in \"ours\"")
     parser.add_argument("--keep", default="", help="copy the nodes' logs here")
     parser.add_argument("--lone", action="store_true", help="only a lone volunteer's worker against its solo loop")

@@ -241,9 +241,10 @@ class Experiment(_Model, kw_only=True):
     average_state_every: Annotated[int, Meta(ge=1, le=1000)] = 4
     # "client": volunteers use the swarm's DHT without serving it while a backbone (initial_peers)
     # answers, so the backbones serve every request: each volunteer's helpers used 0.005-0.012 of a
-    # core less in the lab; with no backbone answering they serve it (engine/dht_fallback.py). Not
-    # yet the default (README). "server": reachable volunteers serve it too, as hivemind does
-    volunteer_dht: Literal["server", "client"] = "server"
+    # core less in the lab; with no backbone answering they serve it (engine/dht_fallback.py).
+    # "server": reachable volunteers serve it too, as hivemind does (a swarm too large for its
+    # backbones to answer)
+    volunteer_dht: Literal["server", "client"] = "client"
     diloco: DilocoParams = DilocoParams()
     # How each peer combines the parts it reduces (engine/robust.py): a NaN/inf part is dropped either way
     aggregation: Literal["mean", "centered_clip"] = "mean"
