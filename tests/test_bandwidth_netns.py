@@ -43,9 +43,9 @@ MANIFEST = json.loads(resources.files("resources").joinpath("corpus", "manifest.
 def experiment() -> dict:
     # about 0.45M parameters (0.9 MB in fp16): averaging moves a few MB per round. The uncapped
     # check needs the swarm to send well above the cap, so rounds must come often: a round takes at
-    # least matchmaking_time. At 5 s the peers sent 255-267 kB/s at best (CI failed twice against
-    # 287.5); at 1 s (``pacing.pace``'s least) a 20 s window above 287.5 came in every run, at
-    # 0.3-1 MB/s. A capped peer's chunks get 5 s whatever the matchmaking time (``chunk_timeout``)
+    # least matchmaking_time. At 5 s the peers sent 255-267 kB/s at best (the test command failed
+    # twice against 287.5); at 1 s (``pacing.pace``'s least) a 20 s window above 287.5 came in every
+    # run, at 0.3-1 MB/s. A capped peer's chunks get 5 s whatever the matchmaking time (``chunk_timeout``)
     return tiny_experiment(
         id="netns-cap-test", run_id=f"netns_cap_{os.getpid()}",
         recipe_params={"d_model": 128, "n_layers": 2, "n_heads": 4, "seq_len": 64, "lr": 0.001,
