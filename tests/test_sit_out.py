@@ -17,6 +17,7 @@ import hivemind, torch
 from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.mpfuture import MPFuture
 from dedloc_core.engine import swarm
 from tests.probes import FAST_TRACKER, two_dhts
@@ -31,7 +32,12 @@ opt = swarm.RoundCountingOptimizer(
     tracker_opts=FAST_TRACKER if "-un" not in sys.argv[1] else dict(min_refresh_period=600, max_refresh_period=600))
 if sys.argv[1] == "plain":  # hivemind's own step
     swarm.RoundCountingOptimizer._update_global_epoch = hivemind.Optimizer._update_global_epoch
-swarm_peer = ProgressTracker(dht=other, prefix=run_id, target_batch_size=1000, start=True)  # another peer
+# another peer; trackers in one process share a key (and so one record) unless given one of their own:
+# for a late round the swarm must count two peers (alone, ours would look for nobody)
+own_key = dict(private_key=RSAPrivateKey()) if sys.argv[1] in ("patched", "all-late") else {}
+swarm_peer = ProgressTracker(dht=other, prefix=run_id, target_batch_size=1000, start=True, **own_key)
+if own_key:  # (hivemind publishes a peer's progress once it has samples)
+    swarm_peer.report_local_progress(local_epoch=0, samples_accumulated=1)
 
 def until(condition, what):
     deadline = time.monotonic() + 60
@@ -43,6 +49,8 @@ model(torch.randn(4, 4)).sum().backward()
 opt.step()  # one micro-batch: 4 samples accumulated, far from the target
 if "-un" not in sys.argv[1]:  # (a slow tracker read the swarm once, as it started)
     until(opt.tracker.fetched_global_progress_this_epoch.is_set, "the tracker never fetched the swarm's progress")
+if own_key:
+    until(lambda: opt.tracker.global_progress.num_peers == 2, "the tracker never counted the other peer")
 before = [p.detach().clone() for p in model.parameters()]
 MPFuture()  # hivemind starts its future backend on the base class only
 if sys.argv[1].startswith("behind"):  # the swarm took step 0 before our tracker saw it
@@ -154,10 +162,14 @@ if sys.argv[1] == "patched":
     print(again, opt.local_epoch, opt.grad_averager.local_samples_accumulated, unchanged)
     adam = opt.state_averager.optimizer
     count = lambda: int(adam.state[adam.param_groups[0]["params"][0]]["step"])
+    swarm_peer.shutdown()  # the other peer leaves: our step 1 finds no group and takes local gradients
+    until(lambda: opt.tracker.global_progress.num_peers == 1, "the tracker still counts the peer that left")
     before_steps = count()
-    opt._update_global_epoch(None)  # step 1 (no group forms: local gradients), and the one owed
+    opt._update_global_epoch(None)  # step 1, and the one owed
     opt.state_averager.step(wait_for_delayed_updates=True)
     print(opt.local_epoch, count() - before_steps)
+elif sys.argv[1] == "alone":  # no other peer in the swarm's progress: the late round looks for nobody
+    print(late.cancelled(), opt.scheduled_grads is None)
 elif sys.argv[1] == "all-late":  # the late round ends and the swarm is still at step 0: nobody moves on
     late.cancel()
     opt._update_global_epoch(None)
@@ -185,6 +197,12 @@ def test_a_peer_a_round_behind_sits_the_step_out_and_goes_on_with_its_samples():
 def test_when_the_late_round_ends_before_the_swarm_moves_on_the_peer_takes_the_step():
     # every peer was late (rounds outlasting steps) and sat out: waiting for the swarm would wait for ever
     assert probe("all-late") == "0 4 1 1 0"
+
+
+def test_alone_a_late_round_is_cancelled_and_the_step_taken():
+    # the swarm counts only us (the other peer paused or left): no sit-out waiting out the round's
+    # deadline; the round is cancelled (its delayed step takes our local gradients) and we step
+    assert probe("alone") == "1 0 0 True True"
 
 
 def test_hivemind_steps_at_once_and_its_samples_go_to_a_round_of_their_own():

@@ -176,6 +176,31 @@ def test_a_pause_that_lands_in_an_averaging_round_is_reported_at_once(spawn_work
     assert first.stats.samples <= held + 5 * 8, (held, first.stats.samples)
 
 
+def test_a_paused_peer_is_not_counted_so_the_other_trains_on_alone(spawn_worker, corpus_server):
+    # Two volunteers, one paused by its user. Counted still (its progress record lived on), it made
+    # the other wait out each round for it: a step per averaging timeout (20 s here), and that one,
+    # its step never whole, could not serve its state to the paused one once it came back.
+    exp = dict(target_batch_size=32, matchmaking_time=1.0, averaging_timeout=20.0)
+    first = join(spawn_worker, corpus_server, "p0", seed=1, **exp)
+    second = join(spawn_worker, corpus_server, "p1", initial_peers=first.maddrs, seed=2, **exp)
+    peers = [first, second]
+    wait_until(peers, lambda: min(p.step for p in peers) >= 2 and second.rounds >= 1, 120, "no averaging round")
+    first.worker.send(Pause(reason="user"))
+    wait_until(peers, lambda: second.progress[-1].num_peers == 1, 30, "the paused peer is still counted")
+    step = second.step
+    time.sleep(10.0)
+    second.drain()
+    alone = second.step - step
+    assert alone >= 4, f"alone, the other took {alone} steps in 10 s"
+    first.drain()
+    held = first.stats.samples
+    first.worker.send(Resume())
+    resumed = time.monotonic()
+    wait_until(peers, lambda: second.progress[-1].num_peers == 2 and first.stats.samples > held
+               and first.step >= second.step - 1, 60, "the paused peer did not come back in step")
+    print(f"alone: {alone} steps in 10 s; back in step {time.monotonic() - resumed:.1f} s after resuming")
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PRIVATE_DIRTY = """

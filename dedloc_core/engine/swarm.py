@@ -462,18 +462,52 @@ class _PacedEvent(threading.Event):
         return result
 
 
+class _WithdrawableRecord:
+    """A tracker's DHT: while the tracker is ``withdrawn``, what it stores as its progress record is
+    None (hivemind's own mark of a peer gone, as its ``ProgressTracker.shutdown`` stores it)."""
+
+    def __init__(self, dht, tracker: SwarmTracker):
+        self._dht, self._tracker = dht, tracker
+
+    def store(self, key, *args, **kwargs):
+        if self._tracker.withdrawn and key == self._tracker.training_progress_key:
+            kwargs["value"] = None
+        return self._dht.store(key, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._dht, name)
+
+
 class SwarmTracker(ProgressTracker):
-    """ProgressTracker that also keeps the swarm's samples/s (the sum of the peers' reports), and
-    publishes this peer's progress at most every ``report_period`` seconds while it accumulates."""
+    """ProgressTracker that also keeps the swarm's samples/s (the sum of the peers' reports),
+    publishes this peer's progress at most every ``report_period`` seconds while it accumulates, and
+    takes it out of the swarm's count of peers while its user has paused it (``withdraw``)."""
 
     swarm_samples_per_second = 0.0
+    withdrawn = False
 
     def __init__(self, *args, report_period: float = 1.0, start: bool = True, group_waits=None, **kwargs):
         super().__init__(*args, start=False, **kwargs)
         self.should_report_progress = _PacedEvent(report_period)
         self.group_waits = group_waits
+        self.dht = _WithdrawableRecord(self.dht, self)
         if start:
             self.start()
+
+    def withdraw(self, withdrawn: bool = True) -> None:
+        """Paused, this peer trains no more until ``withdraw(False)``: its record says None meanwhile.
+        A paused peer still counted among the peers made the others wait out each round for it: of
+        two volunteers, the one left trained a step per averaging timeout and could not serve its
+        state (its step was never whole), so the paused one, back, loaded stale states in a loop."""
+        if withdrawn == self.withdrawn:
+            return
+        self.withdrawn = withdrawn
+        if withdrawn:  # now, not at the reporter's next turn (it publishes only a peer in step)
+            self.dht.store(self.training_progress_key, subkey=self._local_public_key, value=None,
+                           expiration_time=get_dht_time() + self.metadata_expiration, return_future=True)
+        else:  # back: publish our progress at once
+            self.should_report_progress.hurry.set()
+            self.should_report_progress.set()
 
     @property
     def ready_to_update_epoch(self) -> bool:
@@ -565,6 +599,12 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         still looking is cancelled when the peer goes on (left looking, it joined the group of the step
         the swarm took, late, and held it until the peer's next step)."""
         last = self.scheduled_grads
+        if self._looks_in_vain(last):  # our last round waits for peers the swarm no longer has
+            logger.info("Alone in the swarm: our round for step %d looks for a group in vain, cancelled",
+                        self.local_epoch - 1 if self._sitting_out is None else self._sitting_out - 1)
+            last.cancel()  # its delayed step takes our local gradients (``_load_local_gradients_into_optimizer``)
+            self.scheduled_grads, self._sitting_out = None, None
+            return super()._update_global_epoch(grad_scaler)
         if self._sitting_out is not None and self.local_epoch != self._sitting_out:
             self._sitting_out = None  # a state load moved this peer meanwhile
         if self._sitting_out is not None:
@@ -609,6 +649,14 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         logger.info("Our last round is still looking for a group: sitting step %d out", self.local_epoch)
         self._skip_step()
         self._sitting_out = self.local_epoch
+
+    def _looks_in_vain(self, last) -> bool:
+        """Our triggered round still looks for a group and the swarm has no other peer now (they left,
+        or paused: ``SwarmTracker.withdraw``). It could only fail at its deadline, the averaging
+        timeout, and meanwhile this peer sat its steps out (or, without overlap, waited in its step):
+        alone beside a paused volunteer, a step per timeout."""
+        return (last is not None and last.triggered and not last.done()
+                and last.stage == AveragingStage.LOOKING_FOR_GROUP and self.tracker.global_progress.num_peers <= 1)
 
     def _skip_step(self) -> None:
         """This peer takes no step now: no parameter round for it either."""

@@ -354,8 +354,13 @@ class Session:
         began = time.monotonic()
         if self.on_gpu:
             self.torch.cuda.empty_cache()  # give cached GPU memory back while paused
+        withdraw = getattr(getattr(self.optimizer, "tracker", None), "withdraw", None)  # sync mode
+        if withdraw is not None:
+            withdraw(True)  # the others no longer count us among the peers
         while self._should_hold():
             self.control.stop.wait(0.05)
+        if withdraw is not None:
+            withdraw(False)
         self.paused_seconds += time.monotonic() - began
         self._window = (time.monotonic(), self.samples, self.compute_seconds)
         if not self.control.stop.is_set():
