@@ -653,8 +653,8 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     def _looks_in_vain(self, last) -> bool:
         """Our triggered round still looks for a group and the swarm has no other peer now (they left,
         or paused: ``SwarmTracker.withdraw``). It could only fail at its deadline, the averaging
-        timeout, and meanwhile this peer sat its steps out (or, without overlap, waited in its step):
-        alone beside a paused volunteer, a step per timeout."""
+        timeout, and meanwhile this peer sat its steps out: alone beside a paused volunteer, a step
+        per timeout. (Without overlap a step waits in its round, as hivemind's does: not this case.)"""
         return (last is not None and last.triggered and not last.done()
                 and last.stage == AveragingStage.LOOKING_FOR_GROUP and self.tracker.global_progress.num_peers <= 1)
 
