@@ -284,7 +284,10 @@ def test_real_worker_through_the_tray(make_app, qtbot, signed_catalog_server, sp
     # (Totals add up every worker of the test: the crashed one's and its replacement's. Whether a
     # round happened in these few seconds depends on the pace of the swarm; test_swarm.py checks
     # rounds, here the recorder must not lose any the last worker reported.)
-    assert total.samples >= stats[-1].samples > 0 and total.rounds >= stats[-1].rounds, total
+    # The file counts samples computed less those a state load dropped (StatsRecorder): a replacement
+    # that joined late and loaded the swarm's state dropped its first ones (CI: 24 computed, 16 dropped).
+    counted = stats[-1].samples - stats[-1].samples_dropped
+    assert stats[-1].samples > 0 and total.samples >= counted and total.rounds >= stats[-1].rounds, total
     assert total.bytes_sent >= stats[-1].bytes_sent > 0 and total.paused.get("Paused by you", 0) > 0, total
 
 
