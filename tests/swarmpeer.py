@@ -27,7 +27,8 @@ class SwarmPeer:
         self.progress: list[Progress] = []
         self.states: list[State] = []
         self.errors: list[Error] = []
-        self.stats: Stats | None = None
+        self.stats: Stats | None = None  # the last
+        self.all_stats: list[Stats] = []
 
     def drain(self) -> None:
         while True:
@@ -46,6 +47,7 @@ class SwarmPeer:
                 self.errors.append(event)
             elif isinstance(event, Stats):
                 self.stats = event
+                self.all_stats.append(event)
             else:
                 self.on_event(event)
 

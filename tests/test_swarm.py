@@ -164,16 +164,20 @@ def test_a_pause_that_lands_in_an_averaging_round_is_reported_at_once(spawn_work
     assert first.step == epoch, "the pause did not land in a round"
     # The round it landed in was still running: it ends after "paused", with the next global step.
     wait_until(peers, lambda: first.step > epoch, 30, "the round under the pause never ended")
-    # Then it holds: 2 s paused, and the first reports after resuming count a micro-batch or a few
+    # Then it holds: 2 s paused, and the first report after resuming counts a micro-batch or a few
     # (had it trained on while paused, 2 s would have added hundreds).
     time.sleep(2.0)
     first.drain()
-    held = first.stats.samples
+    held, reports, stats = first.stats.samples, len(first.progress), len(first.all_stats)
     assert [s.state for s in first.states[seen:]] == ["paused"], first.states[seen:]
     first.worker.send(Resume())
     wait_until(peers, lambda: first.states[-1].state == "training", 10, "no training state after resume")
     wait_until(peers, lambda: first.stats.samples > held, 30, "no samples after resume")
-    assert first.stats.samples <= held + 5 * 8, (held, first.stats.samples)
+    after = [s.samples for s in first.all_stats[stats:] if s.samples > held]
+    assert after[0] <= held + 5 * 8, (held, after)
+    # Back, it counts itself among the peers at once (``SwarmTracker.withdraw``): its view, read while
+    # it was out, had counted only the other, and it took steps alone, unaveraged (27 in 3 s).
+    assert all(p.num_peers == 2 for p in first.progress[reports:]), [p.num_peers for p in first.progress[reports:]]
 
 
 def test_a_paused_peer_is_not_counted_so_the_other_trains_on_alone(spawn_worker, corpus_server):

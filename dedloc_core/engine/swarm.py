@@ -23,7 +23,7 @@ from hivemind.averaging.control import AveragingStage
 from hivemind.compression import Float16Compression, NoCompression
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
-from hivemind.utils import get_dht_time
+from hivemind.utils import ValueWithExpiration, get_dht_time
 from hivemind.utils.logging import use_hivemind_log_handler
 
 from . import hivemind_patches, no_dynamo, prefetch
@@ -485,6 +485,8 @@ class SwarmTracker(ProgressTracker):
 
     swarm_samples_per_second = 0.0
     withdrawn = False
+    _last_metadata = None  # the swarm's progress records as last read
+    peers_in_step = 0  # of the peers counted, those at the swarm's step or one behind
 
     def __init__(self, *args, report_period: float = 1.0, start: bool = True, group_waits=None, **kwargs):
         super().__init__(*args, start=False, **kwargs)
@@ -505,9 +507,12 @@ class SwarmTracker(ProgressTracker):
         if withdrawn:  # now, not at the reporter's next turn (it publishes only a peer in step)
             self.dht.store(self.training_progress_key, subkey=self._local_public_key, value=None,
                            expiration_time=get_dht_time() + self.metadata_expiration, return_future=True)
-        else:  # back: publish our progress at once
+        else:  # back: publish our progress at once, and count ourselves in the swarm's again now
             self.should_report_progress.hurry.set()
             self.should_report_progress.set()
+            if self._last_metadata is not None:
+                with self.lock_global_progress:
+                    self.global_progress = self._parse_swarm_progress_data(self._last_metadata)
 
     @property
     def ready_to_update_epoch(self) -> bool:
@@ -524,13 +529,22 @@ class SwarmTracker(ProgressTracker):
         return super().shutdown(timeout)
 
     def _parse_swarm_progress_data(self, metadata):
-        if isinstance(metadata, dict):
-            total = 0.0
-            for entry in metadata.values():
-                if entry.value is not None:
-                    total += LocalTrainingProgress.parse_obj(entry.value).samples_per_second
-            self.swarm_samples_per_second = total
-        return super()._parse_swarm_progress_data(metadata)
+        self._last_metadata = metadata
+        mine = metadata.get(self._local_public_key) if isinstance(metadata, dict) else None
+        if isinstance(metadata, dict) and metadata and not self.withdrawn and getattr(mine, "value", None) is None:
+            # our record is missing or None (read while we were withdrawn, or before our store landed):
+            # without it a peer just back counted one peer less, and beside one other it took its steps
+            # alone, a step per target batch, unaveraged (the other, waiting in its round, fell behind)
+            record = dict(self.local_progress.dict(), time=get_dht_time())
+            metadata = {**metadata, self._local_public_key: ValueWithExpiration(record, get_dht_time() + 1.0)}
+        progress = super()._parse_swarm_progress_data(metadata)
+        peers = [LocalTrainingProgress.parse_obj(entry.value) for entry in metadata.values()
+                 if entry.value is not None] if isinstance(metadata, dict) else []
+        if peers:
+            self.swarm_samples_per_second = sum(peer.samples_per_second for peer in peers)
+        # peers that can join this step's rounds: a peer far behind loads the swarm's state first
+        self.peers_in_step = sum(not peer.client_mode and peer.epoch >= progress.epoch - 1 for peer in peers)
+        return progress
 
 
 class RoundCountingOptimizer(hivemind.Optimizer):
@@ -651,12 +665,15 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         self._sitting_out = self.local_epoch
 
     def _looks_in_vain(self, last) -> bool:
-        """Our triggered round still looks for a group and the swarm has no other peer now (they left,
-        or paused: ``SwarmTracker.withdraw``). It could only fail at its deadline, the averaging
-        timeout, and meanwhile this peer sat its steps out: alone beside a paused volunteer, a step
-        per timeout. (Without overlap a step waits in its round, as hivemind's does: not this case.)"""
+        """Our triggered round still looks for a group and the swarm has no other peer in step now
+        (they left, paused: ``SwarmTracker.withdraw``, or are steps behind, loading its state). It
+        could only fail at its deadline, the averaging timeout, and meanwhile this peer sat its steps
+        out: alone beside a paused volunteer, a step per timeout. Beside one back from a pause, 170
+        steps behind, its delayed step waited in that round, so it could serve no whole step, and the
+        other's downloads timed out (5 s each) until the round's deadline. (Without overlap a step
+        waits in its round, as hivemind's does: not this case.)"""
         return (last is not None and last.triggered and not last.done()
-                and last.stage == AveragingStage.LOOKING_FOR_GROUP and self.tracker.global_progress.num_peers <= 1)
+                and last.stage == AveragingStage.LOOKING_FOR_GROUP and self.tracker.peers_in_step <= 1)
 
     def _skip_step(self) -> None:
         """This peer takes no step now: no parameter round for it either."""
