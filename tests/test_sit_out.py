@@ -34,7 +34,7 @@ if sys.argv[1] == "plain":  # hivemind's own step
     swarm.RoundCountingOptimizer._update_global_epoch = hivemind.Optimizer._update_global_epoch
 # another peer; trackers in one process share a key (and so one record) unless given one of their own:
 # for a late round the swarm must count two peers (alone, ours would look for nobody)
-own_key = dict(private_key=RSAPrivateKey()) if sys.argv[1] in ("patched", "all-late") else {}
+own_key = dict(private_key=RSAPrivateKey()) if sys.argv[1] in ("patched", "all-late", "far-behind") else {}
 swarm_peer = ProgressTracker(dht=other, prefix=run_id, target_batch_size=1000, start=True, **own_key)
 if own_key:  # (hivemind publishes a peer's progress once it has samples)
     swarm_peer.report_local_progress(local_epoch=0, samples_accumulated=1)
@@ -49,6 +49,10 @@ model(torch.randn(4, 4)).sum().backward()
 opt.step()  # one micro-batch: 4 samples accumulated, far from the target
 if "-un" not in sys.argv[1]:  # (a slow tracker read the swarm once, as it started)
     until(opt.tracker.fetched_global_progress_this_epoch.is_set, "the tracker never fetched the swarm's progress")
+if sys.argv[1] == "far-behind":  # we are at step 10; the other peer, back from a pause, at step 0
+    opt.state_averager.local_epoch = 10
+    opt.tracker.report_local_progress(local_epoch=10, samples_accumulated=4)
+    until(lambda: opt.tracker.global_epoch == 10, "the tracker never saw our step 10")
 if own_key:
     until(lambda: opt.tracker.global_progress.num_peers == 2, "the tracker never counted the other peer")
 before = [p.detach().clone() for p in model.parameters()]
@@ -168,8 +172,8 @@ if sys.argv[1] == "patched":
     opt._update_global_epoch(None)  # step 1, and the one owed
     opt.state_averager.step(wait_for_delayed_updates=True)
     print(opt.local_epoch, count() - before_steps)
-elif sys.argv[1] == "alone":  # no other peer in the swarm's progress: the late round looks for nobody
-    print(late.cancelled(), opt.scheduled_grads is None)
+elif sys.argv[1] in ("alone", "far-behind"):  # no other peer in step: the late round looks for nobody
+    print(late.cancelled(), opt.scheduled_grads is not late)
 elif sys.argv[1] == "all-late":  # the late round ends and the swarm is still at step 0: nobody moves on
     late.cancel()
     opt._update_global_epoch(None)
@@ -203,6 +207,13 @@ def test_alone_a_late_round_is_cancelled_and_the_step_taken():
     # the swarm counts only us (the other peer paused or left): no sit-out waiting out the round's
     # deadline; the round is cancelled (its delayed step takes our local gradients) and we step
     assert probe("alone") == "1 0 0 True True"
+
+
+def test_beside_a_peer_far_behind_a_late_round_is_cancelled_and_the_step_taken():
+    # the other peer is counted, 10 steps behind: it loads the swarm's state before it joins a round.
+    # Our delayed step waited in the round for it, so we served no whole step, and its downloads of
+    # our state timed out until the round's deadline
+    assert probe("far-behind") == "11 0 0 True True"
 
 
 def test_hivemind_steps_at_once_and_its_samples_go_to_a_round_of_their_own():
