@@ -530,18 +530,19 @@ class SwarmTracker(ProgressTracker):
 
     def _parse_swarm_progress_data(self, metadata):
         self._last_metadata = metadata
-        mine = metadata.get(self._local_public_key) if isinstance(metadata, dict) else None
-        if isinstance(metadata, dict) and metadata and not self.withdrawn and getattr(mine, "value", None) is None:
+        if not isinstance(metadata, dict):
+            self.peers_in_step = 0
+            return super()._parse_swarm_progress_data(metadata)
+        mine = metadata.get(self._local_public_key)
+        if metadata and not self.withdrawn and (mine is None or mine.value is None):
             # our record is missing or None (read while we were withdrawn, or before our store landed):
             # without it a peer just back counted one peer less, and beside one other it took its steps
             # alone, a step per target batch, unaveraged (the other, waiting in its round, fell behind)
             record = dict(self.local_progress.dict(), time=get_dht_time())
             metadata = {**metadata, self._local_public_key: ValueWithExpiration(record, get_dht_time() + 1.0)}
         progress = super()._parse_swarm_progress_data(metadata)
-        peers = [LocalTrainingProgress.parse_obj(entry.value) for entry in metadata.values()
-                 if entry.value is not None] if isinstance(metadata, dict) else []
-        if peers:
-            self.swarm_samples_per_second = sum(peer.samples_per_second for peer in peers)
+        peers = [LocalTrainingProgress.parse_obj(entry.value) for entry in metadata.values() if entry.value is not None]
+        self.swarm_samples_per_second = sum(peer.samples_per_second for peer in peers)
         # peers that can join this step's rounds: a peer far behind loads the swarm's state first
         self.peers_in_step = sum(not peer.client_mode and peer.epoch >= progress.epoch - 1 for peer in peers)
         return progress
