@@ -60,7 +60,7 @@ class Bridge(QObject):
                 return
             try:
                 call()
-            except Exception:  # noqa: BLE001 - one bad callback must not stop the app
+            except Exception:  # one bad callback must not stop the app
                 logger.exception("Callback on the GUI thread failed")
 
     def shutdown(self) -> None:

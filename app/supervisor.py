@@ -341,6 +341,6 @@ def _worker_log():
     try:
         if path.exists() and path.stat().st_size > 10 * 2**20:
             path.replace(path.with_suffix(".log.1"))
-        return open(path, "a")  # noqa: SIM115 - the worker process owns it
+        return open(path, "a")  # the worker process owns it
     except OSError as exc:
         raise DedlocError(f"Cannot open the worker log {path}: {exc}") from exc

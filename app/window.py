@@ -95,7 +95,7 @@ class MainWindow(QMainWindow):
         self.raise_()
         self.activateWindow()
 
-    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt's name
+    def closeEvent(self, event: QCloseEvent) -> None:  # Qt's name
         event.ignore()
         if self.quit_on_close and self.on_quit is not None:
             self.on_quit()  # stops the worker, then quits

@@ -125,7 +125,7 @@ def volunteer(ready: dict, root: Path):
     home = root / "volunteer"
     home.mkdir(parents=True)
     worker = WorkerProcess(env={**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_WORKER_NICE": "0"},
-                           stderr=open(home / "worker.log", "w"))  # noqa: SIM115
+                           stderr=open(home / "worker.log", "w"))
     worker.start()
     worker.send(Start(experiment=experiment(), initial_peers=ready["maddrs"], data_base_url=ready["http_url"],
                       identity_path=str(home / "identity.key"), seed=1, limits=Limits(cpu_threads=1)))

@@ -168,7 +168,7 @@ class Chaos:
             with StatsStore(v.db, compact=False) as store:
                 check = store.db.execute("PRAGMA integrity_check").fetchone()[0]
                 totals = store.totals(experiment=self.exp["id"])
-        except Exception as exc:  # noqa: BLE001 - a database that does not open is the finding
+        except Exception as exc:  # a database that does not open is the finding
             self.problems.append(f"{v.name} ({what}): the stats database does not open: {exc}")
             self.say(self.problems[-1])
             return None
@@ -428,7 +428,7 @@ def check_checkpoints(snapshots: list[Path], exp: dict) -> list[tuple[str, str]]
             if not isinstance(state["optimizer"], dict) or state["epoch"] < last_epoch:
                 raise ValueError(f"optimizer state or epoch wrong (epoch {state['epoch']} after {last_epoch})")
             last_epoch = state["epoch"]
-        except Exception as exc:  # noqa: BLE001 - any failure is a corrupt checkpoint
+        except Exception as exc:  # any failure is a corrupt checkpoint
             bad.append((snap.name, f"{type(exc).__name__}: {exc}"))
     return bad
 

@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
         if recorder is not None:
             recorder.begin(exp.id)
         worker = WorkerProcess(on_event=lambda e, r=recorder: _on_event(r, e),
-                               stderr=open(Path(os.environ["DEDLOC_HOME"]) / "worker.log", "a"))  # noqa: SIM115
+                               stderr=open(Path(os.environ["DEDLOC_HOME"]) / "worker.log", "a"))
         try:
             worker.start(hello_timeout=120)
         except DedlocError as exc:

@@ -218,7 +218,7 @@ def run_phase(mode: str, args: argparse.Namespace, work: Path) -> list[dict]:
             argv += ["--lab", args.lab]
         if i:
             argv += ["--initial", str(work / f"{mode}-0.json.maddrs")]
-        log = open(work / f"{mode}-{i}.log", "w")  # noqa: SIM115 - closed with the phase
+        log = open(work / f"{mode}-{i}.log", "w")  # closed with the phase
         procs.append((subprocess.Popen(peer_command(argv, i, args.lab), stdout=log, stderr=log, cwd=ROOT), log))
         outs.append(out)
         if i == 0:

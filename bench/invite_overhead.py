@@ -53,7 +53,7 @@ def one_round(averagers) -> float | None:
     futures = [a.step(wait=False, timeout=30, allow_retries=False) for a in averagers]
     try:
         sizes = [len(f.result()) for f in futures]
-    except Exception:  # noqa: BLE001 - a failed round is not timed
+    except Exception:  # a failed round is not timed
         return None
     return time.perf_counter() - began if min(sizes) == len(averagers) else None
 

@@ -366,7 +366,7 @@ def run_swarm(args: argparse.Namespace, root: Path) -> dict:
                     view = WorkerView(f"peer{i}")
                     worker = WorkerProcess(
                         env={**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_LOG_LEVEL": "WARNING"},
-                        stderr=open(home / "worker.log", "w"),  # noqa: SIM115 - closed with the process
+                        stderr=open(home / "worker.log", "w"),  # closed with the process
                         on_event=view.on_event,
                     )
                     worker.start()

@@ -197,7 +197,7 @@ def measure(trials: int = 10, tick: float = 0.1, idle_seconds: float = 2.0, log=
             env = {**os.environ, "DEDLOC_HOME": str(root), "DEDLOC_LOG_LEVEL": "WARNING",
                    "DEDLOC_WORKER_NICE": str(nice)}
             worker = WorkerProcess(env=env,
-                                   stderr=open(root / "worker.log", "w"))  # noqa: SIM115
+                                   stderr=open(root / "worker.log", "w"))
             worker.start()
             loop = meter = None
             try:

@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="netbench-") as folder:
             try:
                 results[name] = run_mode(name, opts, args, pace, Path(folder))
-            except Exception as exc:  # noqa: BLE001 - one failed mode is a column, not the end
+            except Exception as exc:  # one failed mode is a column, not the end
                 results[name] = f"invalid ({str(exc).splitlines()[0][:70]})"
         after = sum(measure_solo(args, together=False)[0])
         if isinstance(results[name], dict):

@@ -122,7 +122,7 @@ def user_message(error: object) -> UserMessage:
     Never raises, whatever ``error`` is (an exception whose ``str`` fails, an odd ``errno``, ...)."""
     try:
         return _user_message(error)
-    except Exception:  # noqa: BLE001 - a hostile object (a property that raises, ...): say what we can
+    except Exception:  # a hostile object (a property that raises, ...): say what we can
         return UserMessage("Unexpected error", type(error).__name__,
                            "This is a bug in DeDLOC Volunteer; please report it with the log.", "unexpected",
                            EXIT_UNEXPECTED if isinstance(error, BaseException) else EXIT_EXPLAINED)
@@ -132,7 +132,7 @@ def _text(value: object) -> str:
     """``str(value)``, or its type's name when that fails (a ``__str__`` that raises, a self-nested list)."""
     try:
         return value if isinstance(value, str) else str(value)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return f"<{type(value).__name__}>"
 
 

@@ -138,7 +138,7 @@ class WorkerProcess:
                 continue
             try:
                 self.on_event(event)
-            except Exception:  # noqa: BLE001 - a bad callback must not stop the reader
+            except Exception:  # a bad callback must not stop the reader
                 logger.exception("Event callback failed")
         self._hello_seen.set()
         self._queue(None)  # end of stream

@@ -84,7 +84,7 @@ def spawn_worker(tmp_path):
         worker = WorkerProcess(
             env={**os.environ, "DEDLOC_HOME": str(home),
                  "DEDLOC_LOG_LEVEL": os.environ.get("DEDLOC_TEST_LOG_LEVEL", "WARNING")},
-            stderr=open(home / "worker.log", "w"),  # noqa: SIM115 - closed at exit
+            stderr=open(home / "worker.log", "w"),  # closed at exit
         )
         worker.start()
         worker.home = home  # type: ignore[attr-defined]

@@ -21,11 +21,11 @@ os.environ["QT_QPA_PLATFORM"] = "xcb"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from PySide6.QtCore import Qt, QTimer  # noqa: E402
-from PySide6.QtWidgets import QApplication, QInputDialog  # noqa: E402
-from screens_app import pump, shoot, start_app, wait_until  # noqa: E402
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QApplication, QInputDialog
+from screens_app import pump, shoot, start_app, wait_until
 
-from dedloc_core import secrets  # noqa: E402
+from dedloc_core import secrets
 
 
 def main() -> int:

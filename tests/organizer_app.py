@@ -20,9 +20,9 @@ os.environ["QT_QPA_PLATFORM"] = "xcb"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from screens_app import pump, shoot, start_app, wait_until  # noqa: E402
+from screens_app import pump, shoot, start_app, wait_until
 
-from dedloc_core.stats.swarmview import SwarmUnavailable, fetch_summary  # noqa: E402
+from dedloc_core.stats.swarmview import SwarmUnavailable, fetch_summary
 
 
 def main() -> int:

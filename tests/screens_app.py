@@ -19,12 +19,12 @@ from pathlib import Path
 os.environ["QT_QPA_PLATFORM"] = "xcb"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from PySide6.QtCore import QPoint  # noqa: E402
-from PySide6.QtGui import QGuiApplication  # noqa: E402
-from PySide6.QtWidgets import QApplication, QSystemTrayIcon  # noqa: E402
+from PySide6.QtCore import QPoint
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
-from app.firstrun import FirstRunDialog  # noqa: E402
-from app.main import build  # noqa: E402
+from app.firstrun import FirstRunDialog
+from app.main import build
 
 
 def pump(seconds: float) -> None:

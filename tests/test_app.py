@@ -16,7 +16,7 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from dedloc_core.protocol import Progress, State, Stats  # noqa: E402
+from dedloc_core.protocol import Progress, State, Stats
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")

@@ -114,7 +114,7 @@ def test_capped_peer_stays_under_its_caps_on_the_wire(tmp_path):
                 prefill_cache(home)
                 env = {**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_LOG_LEVEL": "INFO",
                        "DEDLOC_WORKER_NICE": "0"}  # a shared test machine: do not starve the swarm
-                worker = WorkerProcess(env=env, stderr=open(home / "worker.log", "w"),  # noqa: SIM115
+                worker = WorkerProcess(env=env, stderr=open(home / "worker.log", "w"),
                                        launcher=lab.prefix(i))
                 worker.start()
                 workers.append(worker)

@@ -430,7 +430,7 @@ def test_fetch_and_refresh_over_http(tmp_path, key, keys, default_file):
     body = signed(catalog_dict(), key)
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             payload = body if self.path == "/catalog.json" else b" " * (MAX_CATALOG_BYTES + 10)
             self.send_response(200)
             self.send_header("Content-Length", str(len(payload)))

@@ -202,7 +202,7 @@ def test_the_backbone_follows_the_outer_model_without_joining_rounds(spawn_worke
         def checkpointed_round() -> int:
             try:
                 return int(torch.load(checkpoint, weights_only=True)["epoch"]) if checkpoint.exists() else -1
-            except Exception:  # noqa: BLE001 - being replaced right now
+            except Exception:  # being replaced right now
                 return -1
 
         wait_until(peers, lambda: min(p.round for p in peers) >= 3 and checkpointed_round() >= 2, 300,

@@ -12,9 +12,9 @@ import pytest
 from desktop import need
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import pause_latency  # noqa: E402
+import pause_latency
 
-from dedloc_core.engine.limits import NICE  # noqa: E402
+from dedloc_core.engine.limits import NICE
 
 
 @pytest.mark.slow

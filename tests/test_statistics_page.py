@@ -12,15 +12,15 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import msgspec  # noqa: E402
-import pytest  # noqa: E402
-from PySide6.QtGui import QColor  # noqa: E402
+import msgspec
+import pytest
+from PySide6.QtGui import QColor
 
-from app.pages.statistics import HIGHLIGHT, StatisticsPage, human_count  # noqa: E402
-from dedloc_core.protocol import Hello, State, Stats  # noqa: E402
-from dedloc_core.stats.db import HOUR, StatsStore  # noqa: E402
-from dedloc_core.stats.recorder import StatsRecorder  # noqa: E402
-from dedloc_core.stats.swarmview import SwarmView  # noqa: E402
+from app.pages.statistics import HIGHLIGHT, StatisticsPage, human_count
+from dedloc_core.protocol import Hello, State, Stats
+from dedloc_core.stats.db import HOUR, StatsStore
+from dedloc_core.stats.recorder import StatsRecorder
+from dedloc_core.stats.swarmview import SwarmView
 
 SCREENS = Path(__file__).resolve().parents[1] / "artifacts" / "screens"
 ME = "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG"

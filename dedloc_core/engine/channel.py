@@ -57,12 +57,12 @@ class EventLogHandler(logging.Handler):
             return
         try:
             message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a bad log call must not kill training
+        except Exception:  # a bad log call must not kill training
             message = str(record.msg)
         try:
             # by number, not record.levelname: hivemind renames WARNING to "WARN" (addLevelName)
             self.channel.send(Log(level=_level_name(record.levelno), message=message[:4000], logger=record.name))
-        except Exception:  # noqa: BLE001 - an exception here would surface at the caller's log call
+        except Exception:  # an exception here would surface at the caller's log call
             self.handleError(record)
 
 
@@ -99,7 +99,7 @@ class Control:
             if self.on_limits is not None:
                 try:
                     self.on_limits(self.limits)
-                except Exception:  # noqa: BLE001 - the loop applies them again
+                except Exception:  # the loop applies them again
                     logging.getLogger(__name__).exception("Applying new limits failed")
         elif isinstance(command, Stop):
             self.stop.set()

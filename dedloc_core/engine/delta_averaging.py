@@ -84,7 +84,7 @@ class DeltaAverager(DecentralizedAverager):
                 buffer.copy_(delta)
         try:
             gathered = self.step(gather=gather, weight=weight, timeout=timeout, allow_retries=False, wait=True)
-        except Exception as exc:  # noqa: BLE001 - hivemind raises many kinds; a failed round is normal
+        except Exception as exc:  # hivemind raises many kinds; a failed round is normal
             gathered, error = None, f"{type(exc).__name__}: {exc}"
         else:
             error = "" if gathered else "no group"
@@ -101,7 +101,7 @@ class DeltaAverager(DecentralizedAverager):
         self._outer_pipe.send(("_download_state_from", [], dict(peer=peer, timeout=timeout, future=future)))
         try:
             return future.result(timeout=timeout + 5)
-        except Exception:  # noqa: BLE001 - a resync that fails is retried at the next one
+        except Exception:  # a resync that fails is retried at the next one
             logger.warning("could not download the state of %s", peer, exc_info=True)
             return None
 
@@ -121,7 +121,7 @@ class DeltaAverager(DecentralizedAverager):
             if parts:
                 tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
             future.set_result((metadata, tensors) if metadata else None)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             logger.warning("downloading the state of %s failed: %r", peer, exc)
         finally:
             if not future.done():

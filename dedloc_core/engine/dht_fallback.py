@@ -52,7 +52,7 @@ class DhtFallback:
                 continue
             try:
                 became, known = self.dht.run_coroutine(_Serve(timeout=self.period))
-            except Exception as exc:  # noqa: BLE001 - the DHT is going away; the session ends it
+            except Exception as exc:  # the DHT is going away; the session ends it
                 logger.debug("Could not serve the DHT: %r", exc)
                 continue
             if became:

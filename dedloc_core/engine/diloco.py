@@ -199,7 +199,7 @@ class DilocoOptimizer:
         began = time.perf_counter()
         try:
             future.set_result(self._run_sync(*args))
-        except Exception:  # noqa: BLE001 - the loop trains on; the next sync starts afresh
+        except Exception:  # the loop trains on; the next sync starts afresh
             logger.exception("DiLoCo sync failed")
             future.set_result(Outcome("failed"))
         finally:
@@ -278,7 +278,7 @@ class DilocoOptimizer:
                         return
                     self._stop.wait(0.2)  # the leader has not applied this round yet
                 future.set_result(None)
-            except Exception:  # noqa: BLE001 - the next resync tries again
+            except Exception:  # the next resync tries again
                 logger.exception("DiLoCo resync failed")
                 future.set_result(None)
 

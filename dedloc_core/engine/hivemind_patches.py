@@ -301,7 +301,7 @@ def _patch_task_references() -> None:
     asyncio.create_task = create_task_kept
     original = MPFuture.__await__
 
-    def __await__(self):  # noqa: N807
+    def __await__(self):
         _alive.add(self)
         try:
             return (yield from original(self))
@@ -939,7 +939,7 @@ class _OrphanTolerantPipe:
         data = self._conn.recv_bytes()  # a broken pipe raises here, as before
         try:
             return ForkingPickler.loads(data)
-        except Exception as exc:  # noqa: BLE001 - whatever the caller's process left behind
+        except Exception as exc:  # whatever the caller's process left behind
             import logging
 
             logging.getLogger(__name__).debug("The DHT dropped a request from a process that has gone (%r)", exc)

@@ -141,7 +141,7 @@ class Checkpoint:
                 raise ValueError(f"it was written in {state.get('mode', 'sync')} mode")
             model.load_state_dict(state["model"])
             keeper.opt.load_state_dict(state["optimizer"])
-        except Exception as exc:  # noqa: BLE001 - a bad checkpoint must not stop the node
+        except Exception as exc:  # a bad checkpoint must not stop the node
             logger.error("Ignoring unreadable checkpoint %s: %s", self.path, exc)
             return
         keeper.restored(state["epoch"])

@@ -113,7 +113,7 @@ def fetch(dht: DHT, run_id: str) -> list[PeerMetrics]:
         try:
             record = PeerMetrics.parse_obj(entry.value)
             signer = peer_id_of(owner)
-        except Exception:  # noqa: BLE001 - skip records that do not parse
+        except Exception:  # skip records that do not parse
             continue
         if record.peer_id != signer:
             logger.warning("Ignoring metrics that claim peer %s but are signed by %s", record.peer_id, signer)

@@ -89,7 +89,7 @@ def _tcp_endpoint(maddr: str) -> tuple[str, int] | None:
         if ip is None or ipaddress.ip_address(ip).is_loopback or ipaddress.ip_address(ip).is_unspecified:
             return None
         return ip, int(addr.value_for_protocol("tcp"))
-    except Exception:  # noqa: BLE001 - any malformed address is simply not dialled
+    except Exception:  # any malformed address is simply not dialled
         return None
 
 
@@ -101,11 +101,11 @@ def ask_dialback(dht, helpers: list[str], timeout: float = 15.0) -> bool | None:
     for helper in helpers:
         try:
             peer_id = Multiaddr(helper).value_for_protocol("p2p")
-        except Exception:  # noqa: BLE001
+        except Exception:
             continue
         try:
             reached = dht.run_coroutine(_CallDialback(peer_id, maddrs, timeout))
-        except Exception as exc:  # noqa: BLE001 - an old backbone without the handler, or a timeout
+        except Exception as exc:  # an old backbone without the handler, or a timeout
             logger.info("Dial-back via %s failed: %s", peer_id, exc)
             continue
         logger.info("Dial-back via %s reached %s", peer_id, reached or "nothing")
@@ -137,7 +137,7 @@ def only_loopback(maddrs: list[str]) -> bool:
             ip = addr.value_for_protocol("ip4") if "ip4" in protocols else addr.value_for_protocol("ip6")
             if not ipaddress.ip_address(ip).is_loopback:
                 return False
-        except Exception:  # noqa: BLE001
+        except Exception:
             return False
     return True
 
@@ -169,7 +169,7 @@ def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 10.0, relay_tri
     for attempt in range(1, relay_tries + 1):
         try:
             dht = _start_relayed(cfg, start_dht)
-        except Exception as exc:  # noqa: BLE001 - seen once: "failed to connect to bootstrap peers"
+        except Exception as exc:  # seen once: "failed to connect to bootstrap peers"
             logger.warning("A relayed daemon did not start (try %d of %d): %s", attempt, relay_tries, exc)
             time.sleep(1.0)
             continue
@@ -219,13 +219,13 @@ def ping_initial_peers(dht, initial_peers: list[str], timeout: float = 5.0) -> i
     for maddr in initial_peers:
         try:
             ids.append(Multiaddr(maddr).value_for_protocol("p2p"))
-        except Exception:  # noqa: BLE001
+        except Exception:
             continue
     if not ids:
         return 0
     try:
         return dht.run_coroutine(_Ping(ids, timeout))
-    except Exception:  # noqa: BLE001
+    except Exception:
         return 0
 
 

@@ -112,7 +112,7 @@ def _hardware(root: Path) -> None:
 
     try:
         hw = probe(root)
-    except Exception as exc:  # noqa: BLE001 - any probe failure fails this step, in words
+    except Exception as exc:  # any probe failure fails this step, in words
         raise SelfTestFailed("hardware", f"{type(exc).__name__}: {exc}") from exc
     gpus = ", ".join(f"{g.name} ({g.memory_mb} MB)" for g in hw.gpus) or hw.gpu_note
     _ok("hardware", f"{hw.cpu_model}, {hw.cores} cores / {hw.threads} threads, {hw.ram_gb:.1f} GB RAM, "

@@ -377,7 +377,7 @@ def fetch_in_background(shards: Sequence[Shard], base_url: str | None) -> Future
         try:
             limit = int(os.environ.get("DEDLOC_CACHE_BYTES", DEFAULT_CACHE_BYTES))
             future.set_result(ShardCache(paths.cache_dir() / "shards", max_bytes=limit).fetch_all(shards, base_url))
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the data
+        except BaseException as exc:  # handed to whoever waits for the data
             future.set_exception(exc)
 
     threading.Thread(target=run, name="fetch-data", daemon=True).start()

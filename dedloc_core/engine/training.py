@@ -228,7 +228,7 @@ class Session:
             if obj is not None:
                 try:
                     obj.shutdown()
-                except Exception:  # noqa: BLE001 - keep tearing down
+                except Exception:  # keep tearing down
                     logger.exception("Shutdown of %s failed", type(obj).__name__)
         kill_children()
 
@@ -572,7 +572,7 @@ class Watchdog:
     def _relay_addresses(self) -> int:
         try:
             return sum("p2p-circuit" in str(m) for m in self.dht.get_visible_maddrs(latest=True))
-        except Exception:  # noqa: BLE001 - only for the log
+        except Exception:  # only for the log
             return -1
 
     def stop(self) -> None:

@@ -84,7 +84,7 @@ def run(control: Control, channel: EventChannel) -> int:
     except OSError as exc:  # a full disk, a missing permission: say which, not "crashed"
         logger.exception("Worker stopped")
         return _fatal(channel, exc, EXIT_EXPLAINED)
-    except BaseException as exc:  # noqa: BLE001 - a crash must end with an error event
+    except BaseException as exc:  # a crash must end with an error event
         logger.exception("Worker crashed")
         return _fatal(channel, WorkerError(f"{type(exc).__name__}: {exc}", code="crash"), EXIT_UNEXPECTED)
 

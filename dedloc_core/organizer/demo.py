@@ -101,7 +101,7 @@ class Demo:
 
     def _start_backbone(self) -> dict:
         ready_file = self.root / "backbone" / "ready.json"
-        log = open(self.root / "backbone.log", "w")  # noqa: SIM115 - closed with the process
+        log = open(self.root / "backbone.log", "w")  # closed with the process
         self.backbone = subprocess.Popen(
             dedloc_command("backbone", "--experiment", self.args.experiment,
                            "--run-dir", str(self.root / "backbone"), "--ready-file", str(ready_file)),
@@ -134,7 +134,7 @@ class Demo:
 
         worker = WorkerProcess(
             env={**os.environ, "DEDLOC_HOME": str(home)},
-            stderr=open(self.root / f"peer{i}.log", "w"),  # noqa: SIM115
+            stderr=open(self.root / f"peer{i}.log", "w"),
             on_event=on_event,
         )
         worker.start()

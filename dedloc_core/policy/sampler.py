@@ -78,7 +78,7 @@ def gpu_probe() -> GpuProbe:
     """NVML where an NVIDIA driver answers, else a probe that always says "not busy"."""
     try:
         return NvmlGpuProbe()
-    except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError: no NVIDIA GPU here
+    except Exception as exc:  # ImportError, NVMLError: no NVIDIA GPU here
         logger.info("No GPU probe: %s", exc)
         return GpuProbe()
 
@@ -105,7 +105,7 @@ class Sampler:
     def _idle(self) -> float | None:
         try:
             return self.idle.seconds()
-        except Exception:  # noqa: BLE001 - a broken source counts as "cannot tell"
+        except Exception:  # a broken source counts as "cannot tell"
             logger.exception("Idle source %s failed", self.idle.name)
             return None
 
@@ -153,7 +153,7 @@ class Sampler:
                 programs.add(proc.info["name"])
         try:
             gpu_busy = self.gpu.busy(own)
-        except Exception:  # noqa: BLE001 - a driver hiccup must not stop the policy loop
+        except Exception:  # a driver hiccup must not stop the policy loop
             logger.exception("GPU probe failed")
             gpu_busy = False
         return on_battery, other, gpu_busy, frozenset(programs)

@@ -164,7 +164,7 @@ class StatsRecorder:
         while not self._stop.wait(self.flush_interval / TICKS):
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - the thread must go on
+            except Exception:  # the thread must go on
                 logger.exception("Statistics recorder failed")
 
     def close(self) -> None:

@@ -175,7 +175,7 @@ def fetch_summary(url: str, timeout: float = 10.0) -> SwarmSummary:
     import urllib.request  # here: it pulls in ssl, a few MB the page does not need
 
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http(s) from the catalog
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # http(s) from the catalog
             data = response.read(MAX_SUMMARY_BYTES + 1)
     except OSError as exc:
         raise SwarmUnavailable(f"Could not reach {url}: {exc}") from exc

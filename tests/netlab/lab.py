@@ -118,7 +118,7 @@ class Lab:
         for tidy in self._after_close:
             try:
                 tidy()
-            except Exception as exc:  # noqa: BLE001 - one that fails leaves the others to run
+            except Exception as exc:  # one that fails leaves the others to run
                 print(f"netlab: {tidy!r} failed at close: {exc}", file=sys.stderr)
         atexit.unregister(self.close)
 

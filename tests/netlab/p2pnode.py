@@ -57,7 +57,7 @@ async def dial(maddr: str) -> None:
             p2p = await P2P.create(initial_peers=[maddr], host_maddrs=["/ip4/0.0.0.0/tcp/0"],
                                    identity_path=_identity())
             break
-        except Exception as exc:  # noqa: BLE001 - p2pd refuses to start when the bootstrap fails
+        except Exception as exc:  # p2pd refuses to start when the bootstrap fails
             _forget()
             print("failed", attempt + 1, exc, file=sys.stderr, flush=True)
             await asyncio.sleep(2.0)

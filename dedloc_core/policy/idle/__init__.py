@@ -53,7 +53,7 @@ def detect(sources: list[type[IdleSource]] | None = None) -> IdleSource:
                 logger.info("Idle source: %s", source.name)
                 return source
             source.close()
-        except Exception as exc:  # noqa: BLE001 - any failure means "not this one"
+        except Exception as exc:  # any failure means "not this one"
             logger.debug("Idle source %s unavailable: %s", cls.__name__, exc)
     logger.info("No idle source found: contributing on schedule only")
     return NullIdle()

@@ -32,7 +32,7 @@ class _DBusSource(IdleSource):
             raise IdleUnavailable("jeepney is not installed") from exc
         try:
             self._conn = open_dbus_connection(bus=bus or self.bus)
-        except Exception as exc:  # noqa: BLE001 - no bus, no address, refused
+        except Exception as exc:  # no bus, no address, refused
             raise IdleUnavailable(f"no D-Bus {bus or self.bus.lower()} bus: {exc}") from exc
         self._address = DBusAddress(self.path, bus_name=self.bus_name, interface=self.interface)
 
@@ -41,7 +41,7 @@ class _DBusSource(IdleSource):
 
         try:
             reply = self._conn.send_and_get_reply(message, timeout=TIMEOUT)
-        except Exception:  # noqa: BLE001 - timeout, closed connection
+        except Exception:  # timeout, closed connection
             return None
         if reply.header.message_type != MessageType.method_return:
             return None
