@@ -131,7 +131,7 @@ def apply_network_over(base: Limits, update: Limits) -> None:
 # framing (noise, yamux), the daemon's own chatter, and the bytes a sender had pushed into the
 # stream and socket buffers of a round that failed before they were read (a capped peer's rounds
 # often fail). Measured in the network-namespace test: 1.15 x the paced rate on a quiet machine,
-# up to 1.36 x on a loaded one (CI: 289.8 kB/s received with the payload paced at 212.5). Paced at
+# up to 1.36 x on a loaded one (289.8 kB/s received with the payload paced at 212.5). Paced at
 # 75 % of the cap, 5 of 6 runs beside a CPU burner stayed under 0.8 x the cap over 60 s; one showed
 # 1.26 x (a state download lands at link speed and is read at the cap: a burst, not a rate).
 WIRE_SHARE = 0.75

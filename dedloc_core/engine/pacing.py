@@ -8,8 +8,8 @@ the swarm's samples/s) must last ``headroom`` times a round, and matchmaking, wh
 experiments take their target batch from the catalog).
 
 ``headroom`` 4 by default: at 2, in the network lab, the volunteers left part of their CPU quota
-idle, waiting for rounds that outlasted the estimate (figures: ``bench/README.md``, swarm_netlab,
-stop 34). The price is a target batch twice as large: half the optimizer steps per sample
+idle, waiting for rounds that outlasted the estimate (``bench/swarm_netlab.py --headroom 2`` shows
+it). The price is a target batch twice as large: half the optimizer steps per sample
 (large-batch training is DeDLOC's premise; its runs stepped every few minutes).
 
 ``quiet`` says when in a step a large transfer that is not a round (the backbone loading the whole

@@ -85,7 +85,7 @@ async def _download(_dht, node, run_id: str, timeout: float, expected: int | Non
             logger.warning(f"Could not download the state from {peer}: {exc!r}")
             continue
         if metadata and (not whole or expected is not None and len(tensors) != expected):
-            # the stream ended early without an error (seen once in CI: 11 of 24 tensors)
+            # the stream ended early without an error (it happens: 11 of 24 tensors, no exception)
             logger.warning(f"The state from {peer} came incomplete ({len(tensors)} tensors"
                            f"{'' if expected is None else f' of {expected}'}): trying the next peer")
             continue

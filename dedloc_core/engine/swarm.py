@@ -47,7 +47,7 @@ class SwarmConfig:
     identity_is_new: bool = False
     client_mode: bool = False
     # use the DHT without serving it (the backbones and peers that serve it do), still taking averaging
-    # connections: a volunteer's helpers then use about 0.01 of a core less (bench/README, stop 51).
+    # connections: a volunteer's helpers then use about 0.01 of a core less (bench/swarm_netlab.py).
     # Only with initial peers (someone must serve it); an outbound-only peer is a client anyway
     dht_client: bool = False
     matchmaking_time: float = 3.0
@@ -55,15 +55,15 @@ class SwarmConfig:
     load_state_timeout: float = 60.0
     bandwidth: float | None = None
     # how often peers fetch progress (seconds): hivemind's 0.5-10 s cost CPU; as the step's end nears
-    # a fetch comes every half of the time left, at least this far apart (1 s until stop 44)
+    # a fetch comes every half of the time left, at least this far apart
     min_refresh_period: float = 2.0
     max_refresh_period: float = 10.0
     default_refresh_period: float = 3.0
     # how often a peer publishes its progress while accumulating (seconds); hivemind publishes after
     # every micro-batch (a signed DHT store each time); a new epoch is still published at once. The
     # records carry samples/s, which the other peers extrapolate between them; at 1 s they were most
-    # of each node's DHT traffic (a search and a store on every node, from every peer); 3 s until stop
-    # 44, when with the fetches above a volunteer's DHT process went from 0.011 to 0.009 cores
+    # of each node's DHT traffic (a search and a store on every node, from every peer); at 6 s, with the
+    # fetches above, a volunteer's DHT process takes about 0.009 cores where it took 0.011 at 3 s
     progress_report_period: float = 6.0
     # how to be reachable (see reachability.join): "auto" asks the backbone to dial back and falls
     # back to its relay, then to client mode; or force "direct", "relay" or "outbound"
@@ -651,7 +651,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
                             self.local_epoch, self.tracker.global_epoch)
             if last is not None and not last.triggered and not last.done():
                 # our round for the step the swarm took: left looking, it joined that step's group
-                # late and held it until our next step (run 77 of the lab: three rounds failed so)
+                # late and held it until our next step, and that group's round failed
                 last.cancel()
                 self.scheduled_grads = None
             self._skip_step()
@@ -742,21 +742,21 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     def _go_on_from(self, epoch: int) -> None:
         """Go on at the swarm's step ``epoch`` (``_go_on_at``); a peer that has taken no step yet loads
         the swarm's state instead (``_load_first_step``). The optimizer's owed steps repeat the next
-        step's averaged gradients for the one missed, and the first is the one that differs most
-        (stop 42: norms 5.3 then 3.1): in the network lab a volunteer that went on at the swarm's
-        first step (late to its first round) took twice its second step's gradients, its Adam
-        statistics without the largest; its update at step 6 or 7 was its own, and its gradients went
-        into everyone's average: the swarm's mean loss 3.19 -> 4.90 for a step (runs 151 and 154: the
-        runs whose volunteer went on at step 0). A newcomer has nothing of its own to lose in the
-        swarm's state but the samples of its first seconds, and its download costs it a second or two once."""
+        step's averaged gradients for the one missed, and the first is the one that differs most (its
+        gradient norm is the largest): a volunteer that went on at the swarm's first step (late to its
+        first round) would take twice its second step's gradients, its Adam statistics without the
+        largest; a few steps later its update is its own, its gradients go into everyone's average,
+        and the swarm's loss jumps for a step (in the network lab, 3.19 -> 4.90). A newcomer has nothing
+        of its own to lose in the swarm's state but the samples of its first seconds, and its download
+        costs it a second or two once."""
         if self.local_epoch == 0:
             return self._load_first_step(epoch)
         self._go_on_at(epoch)
 
     def _load_first_step(self, epoch: int) -> None:
         """``load_state_from_peers``: the samples accumulated so far are dropped, as hivemind does
-        (computed on the initial parameters: carried into the swarm's second step, three of eight lab
-        runs rose swarm-wide at step 8, none of six that dropped them). If no peer shared a
+        (they were computed on the initial parameters: carried into the swarm's second step, they can
+        raise the whole swarm's loss a few steps later). If no peer shared a
         state, the peer goes on with its samples, the steps owed as by ``_go_on_at``."""
         ga = self.grad_averager
         if isinstance(ga, StatelessGradientAverager):
