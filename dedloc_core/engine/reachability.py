@@ -4,8 +4,10 @@ outbound only, and finding the way back after the link went down.
 How it decides (``join``): the peer starts its DHT as usual, then asks a backbone (any initial peer
 that serves ``DIALBACK``) to dial back. The backbone opens a plain TCP connection to each address
 the peer listens on, from its own side of the network; the existing libp2p connection cannot
-answer that question, since it was opened by the peer. If one connection succeeds the peer is
-**direct**. Otherwise it restarts its DHT with the backbone as its circuit relay (hivemind's
+answer that question, since it was opened by the peer. It dials only addresses on the IP that
+peer's own connection comes from (a NATed peer's private addresses are not dialled: it is not
+direct), and in an invite-only experiment only for a peer whose token it names. If one connection
+succeeds the peer is **direct**. Otherwise it restarts its DHT with the backbone as its circuit relay (hivemind's
 ``use_relay``/``use_auto_relay`` with ``trusted_relays``) and waits for a ``/p2p-circuit``
 address: **via relay** (if the reservation is lost later, say the backbone restarts or the link was
 down, the worker reports **relay lost**: p2pd's autorelay drops a static relay on disconnection and
@@ -41,28 +43,69 @@ MAX_DIAL_ADDRS = 8
 # ---- the backbone's side -------------------------------------------------------------------------
 
 def serve_dialback(dht) -> None:
-    """Answer dial-back requests on ``dht``'s p2p (runs in the DHT's event loop)."""
+    """Answer dial-back requests on ``dht``'s p2p (runs in the DHT's event loop).
+
+    In an invite-only experiment (``gate.active()`` in this process before the DHT starts) only a
+    caller with a valid token for its own peer id gets an answer."""
     dht.run_coroutine(_add_dialback_handler)
 
 
 async def _add_dialback_handler(_dht, node) -> None:
     from google.protobuf.wrappers_pb2 import StringValue
 
-    await node.p2p.add_protobuf_handler(DIALBACK, _dialback, StringValue)
+    async def handler(request, context):
+        return await _dialback(node.p2p, request, context)
+
+    await node.p2p.add_protobuf_handler(DIALBACK, handler, StringValue)
 
 
-async def _dialback(request, context):
-    """Request: JSON list of the caller's multiaddrs. Reply: JSON list of those we could connect to.
-    Only TCP connects to at most ``MAX_DIAL_ADDRS`` addresses, no data sent."""
+def _parse_request(value: str) -> tuple[list[str], str | None]:
+    """(multiaddrs, token) of a request: a JSON list of multiaddrs, or ``{"maddrs": [...], "token": "..."}``."""
+    try:
+        body = json.loads(value)
+    except ValueError:
+        return [], None
+    token = None
+    if isinstance(body, dict):
+        token = body.get("token") if isinstance(body.get("token"), str) else None
+        body = body.get("maddrs")
+    if not isinstance(body, list):
+        return [], token
+    return [str(m) for m in body][:MAX_DIAL_ADDRS], token
+
+
+async def _observed_ips(p2p, peer_id) -> set:
+    """The IP addresses this daemon's open connections to ``peer_id`` come from (relayed ones have none)."""
+    ips = set()
+    for info in await p2p.list_peers():
+        if info.peer_id != peer_id:
+            continue
+        for addr in info.addrs:
+            ip = _ip_of(str(addr))
+            if ip is not None:
+                ips.add(ip)
+    return ips
+
+
+async def _dialback(p2p, request, context):
+    """Request: the caller's multiaddrs (and its invite token). Reply: JSON list of those we could
+    connect to. Only plain TCP connects, no data sent, to at most ``MAX_DIAL_ADDRS`` addresses, and
+    only on an IP address the caller's own connection to us comes from: a caller cannot make us
+    probe anybody else's ports (a private range behind us, another host)."""
     from google.protobuf.wrappers_pb2 import StringValue
 
-    try:
-        maddrs = [str(m) for m in json.loads(request.value)][:MAX_DIAL_ADDRS]
-    except (ValueError, TypeError):
-        maddrs = []
-    results = await asyncio.gather(*(_can_connect(m) for m in maddrs))
-    reached = [m for m, ok in zip(maddrs, results, strict=True) if ok]
-    logger.info("Dial-back to %s: %d of %d addresses reached", context.remote_id, len(reached), len(maddrs))
+    from . import gate
+
+    maddrs, token = _parse_request(request.value)
+    if gate.active() and (token is None or gate.valid(token, context.remote_id.to_base58()) is None):
+        logger.info("Dial-back refused to %s: no valid invite token", context.remote_id)
+        return StringValue(value="[]")
+    observed = await _observed_ips(p2p, context.remote_id)
+    own = [m for m in maddrs if (endpoint := _tcp_endpoint(m)) and ipaddress.ip_address(endpoint[0]) in observed]
+    results = await asyncio.gather(*(_can_connect(m) for m in own))
+    reached = [m for m, ok in zip(own, results, strict=True) if ok]
+    logger.info("Dial-back to %s: %d of %d addresses reached (%d not on its own IP %s)", context.remote_id,
+                len(reached), len(maddrs), len(maddrs) - len(own), sorted(map(str, observed)) or "none")
     return StringValue(value=json.dumps(reached))
 
 
@@ -78,25 +121,38 @@ async def _can_connect(maddr: str) -> bool:
     return True
 
 
-def _tcp_endpoint(maddr: str) -> tuple[str, int] | None:
-    """(ip, port) of a ``/ip4|ip6/…/tcp/…`` address that is not loopback; None otherwise."""
+def _ip_of(maddr: str):
+    """The IP address of a direct ``/ip4|ip6/…`` multiaddr (an ``ipaddress`` object); None otherwise."""
     try:
         addr = Multiaddr(maddr)
         protocols = {p.name for p in addr.protocols()}
-        if "p2p-circuit" in protocols or "tcp" not in protocols:
+        if "p2p-circuit" in protocols:
             return None
         ip = addr.value_for_protocol("ip4") if "ip4" in protocols else addr.value_for_protocol("ip6")
-        if ip is None or ipaddress.ip_address(ip).is_loopback or ipaddress.ip_address(ip).is_unspecified:
+        return ipaddress.ip_address(ip) if ip else None
+    except Exception:  # any malformed address has none
+        return None
+
+
+def _tcp_endpoint(maddr: str) -> tuple[str, int] | None:
+    """(ip, port) of a ``/ip4|ip6/…/tcp/…`` address that is not loopback; None otherwise."""
+    ip = _ip_of(maddr)
+    if ip is None or ip.is_loopback or ip.is_unspecified:
+        return None
+    try:
+        addr = Multiaddr(maddr)
+        if "tcp" not in {p.name for p in addr.protocols()}:
             return None
-        return ip, int(addr.value_for_protocol("tcp"))
+        return str(ip), int(addr.value_for_protocol("tcp"))
     except Exception:  # any malformed address is simply not dialled
         return None
 
 
 # ---- the volunteer's side ------------------------------------------------------------------------
 
-def ask_dialback(dht, helpers: list[str], timeout: float = 15.0) -> bool | None:
-    """Whether a helper (an initial peer serving DIALBACK) could connect to us; None if none answered."""
+def ask_dialback(dht, helpers: list[str], timeout: float = 15.0, token: str | None = None) -> bool | None:
+    """Whether a helper (an initial peer serving DIALBACK) could connect to us; None if none answered.
+    ``token``: this peer's invite token (an invite-only experiment's backbone answers token holders only)."""
     maddrs = [str(m) for m in dht.get_visible_maddrs()]
     for helper in helpers:
         try:
@@ -104,7 +160,7 @@ def ask_dialback(dht, helpers: list[str], timeout: float = 15.0) -> bool | None:
         except Exception:
             continue
         try:
-            reached = dht.run_coroutine(_CallDialback(peer_id, maddrs, timeout))
+            reached = dht.run_coroutine(_CallDialback(peer_id, maddrs, timeout, token))
         except Exception as exc:  # an old backbone without the handler, or a timeout
             logger.info("Dial-back via %s failed: %s", peer_id, exc)
             continue
@@ -116,14 +172,15 @@ def ask_dialback(dht, helpers: list[str], timeout: float = 15.0) -> bool | None:
 class _CallDialback:
     """A picklable coroutine for ``DHT.run_coroutine`` (it runs in the DHT's event loop)."""
 
-    def __init__(self, peer_id: str, maddrs: list[str], timeout: float):
-        self.peer_id, self.maddrs, self.timeout = peer_id, maddrs, timeout
+    def __init__(self, peer_id: str, maddrs: list[str], timeout: float, token: str | None = None):
+        self.peer_id, self.maddrs, self.timeout, self.token = peer_id, maddrs, timeout, token
 
     async def __call__(self, _dht, node) -> list[str]:
         from google.protobuf.wrappers_pb2 import StringValue
         from hivemind.p2p import PeerID
 
-        request = StringValue(value=json.dumps(self.maddrs))
+        body = self.maddrs if self.token is None else {"maddrs": self.maddrs, "token": self.token}
+        request = StringValue(value=json.dumps(body))
         call = node.p2p.call_protobuf_handler(PeerID.from_base58(self.peer_id), DIALBACK, request, StringValue)
         response = await asyncio.wait_for(call, self.timeout)
         return json.loads(response.value)
@@ -159,7 +216,7 @@ def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 10.0, relay_tri
         if not cfg.initial_peers or only_loopback(cfg.host_maddrs):
             return start_dht(cfg), DIRECT
         dht = start_dht(cfg)
-        if ask_dialback(dht, cfg.initial_peers) is not False:
+        if ask_dialback(dht, cfg.initial_peers, token=_own_token(cfg)) is not False:
             return dht, DIRECT
         dht.shutdown()
     elif mode == "direct":
@@ -179,6 +236,12 @@ def join(cfg, start_dht: Callable[..., Any], relay_wait: float = 10.0, relay_tri
         dht.shutdown()
     logger.warning("No relay reservation; joining outbound only (client mode)")
     return start_dht(cfg, client_mode=True, check_if_identity_free=False), OUTBOUND_ONLY
+
+
+def _own_token(cfg) -> str | None:
+    """This peer's invite token (an invite-only experiment's ``gate.InviteAuthorizer``), else None."""
+    holder = getattr(cfg.authorizer, "holder", None)
+    return holder.get() if holder is not None else None
 
 
 def _calling(start_dht: Callable[..., Any], on_start: Callable[[Any], None]) -> Callable[..., Any]:
