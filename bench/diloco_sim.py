@@ -8,7 +8,7 @@ rules, in one process, one thread.
 ``--stale N``: N inner steps of every round but the first are made while the sync "runs" and are
 carried onto the new outer model (diloco.py's one-step-stale update). ``--q8 1``: each peer's delta
 goes through hivemind's 8-bit codec before averaging (an approximation of the all-reduce's error).
-Prints one JSON line with the eval loss of the outer model (``eval``). Figures: bench/diloco_runs.md.
+Prints one JSON line with the eval loss of the outer model (``eval``). Figures: bench/README.md.
 """
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ Steps, in one run:
    gradients, DeDLOC load balancing with each volunteer's declared bandwidth, parameters averaged
    every 4th step; its volunteers use the DHT without serving it while the backbone answers (the
    catalog's default ``volunteer_dht: "client"``; ``--volunteer-dht server``: they serve it as
-   hivemind's do; bench/README, stops 51, 55 and 56). Beside each mode a
+   hivemind's do). Beside each mode a
    reference node (its own CPU group with the same quota, no network) runs the bare loop the whole
    time: the solo rate measured during the column, not minutes away from it.
 
-Micro-batches hold ``--micro-batch`` samples (default 32: about 37 ms of CPU each, 90 ms at a node's 0.4 cores;
-until stop 40 the default was 8). What hivemind's optimizer does per micro-batch (count the
+Micro-batches hold ``--micro-batch`` samples (default 32: about 37 ms of CPU each, 90 ms at a node's 0.4 cores).
+What hivemind's optimizer does per micro-batch (count the
 samples, add the gradients up, check the swarm's progress) does not grow with a micro-batch's
 compute: at 8 samples of 32 tokens through 2 layers it was about 6 % of the loop's CPU
 (``bench/accumulate.py``: 7.7 against the bare loop's 7.2 ms), which a real recipe spreads over far
@@ -42,7 +42,7 @@ Rows, over the window between the first and the last global step:
 - utilization: swarm / solo beside: what the volunteers computed against what the same nodes compute
   on the bare loop at the same time, so the VM's drift (a tenth within minutes) cancels out;
 - solo samples/s before / after: the sum of the volunteers' solo rates (alone) just before the mode
-  and just after it; utilization before/after: swarm / their mean, the figure of stops 38-43,
+  and just after it; utilization before/after: swarm / their mean (the older reading),
   marked ``*`` when the two differ by more than 10 % (this VM's speed moved so; a run read 1.09
   while the bare loop's rate fell from 820 to 692 samples/s around its column);
 - step s: wall time per global step; round s: mean time per averaging round (``averaging_seconds``

@@ -349,7 +349,7 @@ def test_join_runs_one_worker_at_a_time(make_app, qtbot, home, signed_catalog_se
 
     # Two relaunches in a row (a restart timer and a new join): the second comes before the GUI
     # thread has heard of the first's worker, and must still stop it first. The bridge's threads
-    # take up the two in reverse order (they race; CI saw the first relaunch stop the second's worker).
+    # take up the two in reverse order (they race: the first relaunch can stop the second's worker).
     first = app.supervisor.worker.pid
     app.supervisor.bridge = LastFirst(app.bridge)
     app.supervisor.join(app.supervisor.wanted)

@@ -20,7 +20,7 @@ from dedloc_core.protocol import Log
 
 # Nesterov momentum, but mild: at a steady delta the step is outer_lr / (1 - momentum) = 1.0 of it.
 # With 0.9 (7x) tiny-lm overshoots within a few rounds and its loss can end higher than it began
-# (bench/diloco_runs.md; one CI run went 5.53 -> 6.06); the resync test still runs 0.7/0.9.
+# (bench/README.md, diloco_sim.py; 5.53 -> 6.06 in one run); the resync test still runs 0.7/0.9.
 DILOCO = {"inner_steps": 30, "outer_lr": 0.7, "outer_momentum": 0.3, "compression": "8bit"}
 ROUND_LOG = re.compile(r"DiLoCo round (\d+) done \((\w+), group of (\d+), contributed a (\w+) update\)")
 RESYNC_LOG = re.compile(r"DiLoCo round (\d+): resynced the outer model with the leader "

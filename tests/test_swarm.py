@@ -145,7 +145,7 @@ def test_killed_peer_does_not_stop_swarm_and_newcomer_loads_state(spawn_worker, 
 def test_a_pause_that_lands_in_an_averaging_round_is_reported_at_once(spawn_worker, corpus_server):
     # Without overlap every global step's opt.step() waits for its rounds, each at least the
     # matchmaking time (3 s); with a 32-sample target batch and a parameter round at every step too
-    # (not the catalog's every 4th: CI saw a step end within the second after the last one) the loop
+    # (not the catalog's every 4th: with it a step can end within a second of the last one) the loop
     # spends most of its time there.
     exp = dict(overlap=False, target_batch_size=32, matchmaking_time=3.0, average_state_every=1)
     first = join(spawn_worker, corpus_server, "p0", seed=1, **exp)

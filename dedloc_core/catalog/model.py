@@ -191,7 +191,7 @@ class DilocoParams(_Model):
     SGD (``outer_lr``, Nesterov momentum ``outer_momentum``, none if 0) applies the average.
 
     The defaults (lr 1.0, no momentum: the outer model becomes the average of the peers' models)
-    did best for tiny-lm over 3 and 10 rounds (bench/diloco_runs.md: 10 rounds, eval loss 1.57
+    did best for tiny-lm over 3 and 10 rounds (bench/README.md, diloco_sim.py: 10 rounds, eval loss 1.57
     against 1.94 with the DiLoCo paper's 0.7 / Nesterov 0.9, which it tuned over hundreds of
     rounds); an experiment meant to run that long may set the paper's values."""
 
