@@ -8,11 +8,11 @@ much as the stream's flow-control window (yamux: 256 KiB, growing to MBs) and th
 and bytes of a round that fails are never read at all. A capped peer on a busy machine falls behind
 and loads the swarm's state (about 5 MB here), which lands at link speed and is read at the cap:
 over 60 s the wire showed up to 1.26 x the cap (315.7 kB/s received, 1 run of 6 beside a CPU
-burner; 1.159 x once in CI), while most runs stay near 0.6 x (the payload is paced at
+burner; 1.159 x in another), while most runs stay near 0.6 x (the payload is paced at
 ``limits.WIRE_SHARE`` of the cap). Over 120 s such a burst weighs half as much. That download
 lasts some 14 s at the cap, while the swarm takes about 5 steps: the peer then goes on from the
-swarm's step (before, it downloaded the state again and again and sent little else: 41 kB/s in CI,
-23 kB/s in one of two runs here beside a CPU burner, where the test wants more than 50).
+swarm's step (downloading the state again and again, it would send little else: 23-41 kB/s
+beside a CPU burner, where the test wants more than 50).
 
 The caps come after joining because a capped newcomer first downloads the whole state (about
 10 MB here: 40 s at the cap), longer than the test should take."""
