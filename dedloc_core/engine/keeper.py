@@ -39,17 +39,13 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
     robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)
     recipe = load_recipe(exp.recipe, exp.recipe_params)
     model = recipe.build_model(seed=0)
-    cfg = swarm.SwarmConfig(
-        run_id=exp.run_id,
-        target_batch_size=exp.target_batch_size,
-        batch_size_per_step=exp.batch_size_per_step,
+    cfg = swarm.config_for(
+        exp, role="backbone",
         initial_peers=args.initial_peer,
         host_maddrs=args.listen or ["/ip4/127.0.0.1/tcp/0"],
         announce_maddrs=args.announce,
         identity_path=str(run_dir / "identity.key"),
-        matchmaking_time=exp.matchmaking_time,
-        averaging_timeout=exp.averaging_timeout,
-        relay_service=not args.no_relay,  # the backbone relays for volunteers behind NAT; they do not
+        relay_service=not args.no_relay,
     )
     own_token = None
     if issuer is not None:  # invite-only: the backbone is the issuer and holds a token of its own

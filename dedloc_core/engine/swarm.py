@@ -79,6 +79,38 @@ class SwarmConfig:
     authorizer: object | None = None
 
 
+ROLES = ("volunteer", "backbone")
+
+
+def config_for(exp, *, role: str = "volunteer", **fields) -> SwarmConfig:
+    """The ``SwarmConfig`` of experiment ``exp`` (a ``catalog.Experiment``) for a volunteer or the
+    backbone. What the catalog says reaches both; ``fields``: this peer's own (addresses, identity,
+    initial peers, limits) and overrides of the catalog's values (a worker's batch size)."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+    backbone = role == "backbone"
+    cfg = dict(
+        run_id=exp.run_id,
+        target_batch_size=exp.target_batch_size,
+        batch_size_per_step=exp.batch_size_per_step,
+        # the catalog's initial peers are the backbones themselves: a backbone joins the ones it is told
+        initial_peers=[] if backbone else list(exp.initial_peers),
+        matchmaking_time=exp.matchmaking_time,
+        averaging_timeout=exp.averaging_timeout,
+        average_state_every=exp.average_state_every,
+        # The keeper never steps, so delayed updates have nothing to delay; and with them hivemind
+        # offloads the optimizer onto a copy of the parameters, which is what a peer serves to
+        # newcomers, and which a checkpoint restored into the model (keeper.Checkpoint) never reaches.
+        overlap=exp.overlap and not backbone,
+        # volunteer_dht is the volunteers' part: the backbone always serves the DHT
+        dht_client=exp.volunteer_dht == "client" and not backbone,
+        # the backbone relays for volunteers behind NAT; volunteers relay for nobody
+        relay_service=backbone,
+    )
+    cfg.update(fields)
+    return SwarmConfig(**cfg)
+
+
 _process_prepared = False
 _libc = None
 

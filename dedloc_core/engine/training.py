@@ -102,9 +102,8 @@ class Session:
         self._hold_while_paused("preparing", f"Preparing {exp.title}")  # paused while starting: join later
         self._state("joining", f"Joining the swarm of {exp.title}")
         identity_path = self.start.identity_path or str(paths.data_dir() / "identity.key")  # stable peer id
-        cfg = swarm.SwarmConfig(
-            run_id=exp.run_id,
-            target_batch_size=exp.target_batch_size,
+        cfg = swarm.config_for(
+            exp, role="volunteer",
             batch_size_per_step=self.batch_size,
             initial_peers=self.start.initial_peers if self.start.initial_peers is not None else exp.initial_peers,
             host_maddrs=self.start.host_maddrs,
@@ -112,14 +111,9 @@ class Session:
             identity_path=identity_path,
             identity_is_new=not os.path.isfile(identity_path),
             client_mode=self.start.client_mode,
-            matchmaking_time=exp.matchmaking_time,
-            averaging_timeout=exp.averaging_timeout,
             bandwidth=self.start.bandwidth or limits.bandwidth_hint(self.limits),
             grad_compression=self.start.grad_compression or "fp16",
             reachability=self.start.reachability,
-            overlap=exp.overlap,
-            average_state_every=exp.average_state_every,
-            dht_client=exp.volunteer_dht == "client",
         )
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
         token = None
