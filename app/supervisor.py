@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -21,7 +20,7 @@ import msgspec
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from dedloc_core import paths
+from dedloc_core import paths, proctree
 from dedloc_core.errors import DedlocError, user_message
 from dedloc_core.protocol import Error, Hello, Limits, Log, Pause, Progress, Resume, SetLimits, Start, State, Stats
 from dedloc_core.workerproc import StopResult, WorkerProcess, remove_socket_dir
@@ -314,26 +313,16 @@ class Supervisor(QObject):
             proc = psutil.Process(pid)
             if abs(proc.create_time() - created) < 0.01:
                 logger.warning("Stopping a worker left over from an earlier run (pid %d)", pid)
-                os.killpg(pid, signal.SIGKILL)
-                proc.wait(10)
-                found = True
+                if proctree.signal_group(pid, signal.SIGKILL):
+                    proc.wait(10)
+                    found = True
         except (psutil.Error, ProcessLookupError, PermissionError) as exc:
             logger.info("No stale worker %d: %s", pid, exc)
-        _reap_group(pid)
+        proctree.kill_group(pid, timeout=0)
         socket_dir = record.get("socket_dir")
         remove_socket_dir(socket_dir if isinstance(socket_dir, str) else None)  # what the killed group left
         self._clear_pid_file()
         return found
-
-
-def _reap_group(pgid: int) -> None:
-    """Kill what is left of a process group (hivemind's helpers, p2pd)."""
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid:
-                proc.kill()
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
 
 
 def _worker_log():

@@ -8,7 +8,6 @@ the whole group. Its unix sockets go in a folder of its own (``SOCKET_DIR_ENV``)
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import queue
@@ -22,19 +21,12 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-import psutil
-
+from . import proctree
 from .errors import ProtocolError, WorkerError
+from .proctree import StopResult
 from .protocol import PROTOCOL_VERSION, Error, Hello, Stop, decode_event, encode
 
 logger = logging.getLogger(__name__)
-
-
-class StopResult(enum.Enum):
-    OK = "stopped"
-    KILLED = "killed"
-    NOT_RUNNING = "not running"
-
 
 def dedloc_command(*args: str) -> list[str]:
     """The command line of ``dedloc ARGS`` in a new process: this frozen executable re-run, or this
@@ -238,29 +230,13 @@ class WorkerProcess:
 
     def _signal_group(self, sig: int) -> None:
         assert self.proc is not None
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        proctree.signal_group(self.proc.pid, sig)
 
     def _reap_group(self, timeout: float = 3.0) -> None:
         """Kill whatever is left in the worker's process group (e.g. p2pd after a crash)."""
         if self.proc is None:
             return
-        pgid = self.proc.pid
-        leftovers = []
-        for proc in psutil.process_iter(["pid"]):
-            try:
-                if os.getpgid(proc.pid) == pgid and proc.pid != os.getpid():
-                    leftovers.append(proc)
-            except (ProcessLookupError, PermissionError, psutil.Error):
-                continue
-        for proc in leftovers:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(leftovers, timeout=timeout)
+        proctree.kill_group(self.proc.pid, timeout)
         remove_socket_dir(self.socket_dir)
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from dedloc_core import proctree
+
 
 def need(*tools: str) -> None:
     """Skip the test unless every tool is on PATH."""
@@ -76,13 +78,8 @@ def xvfb(size: str = "1280x800x24", *, tray: bool = False) -> Iterator[str]:
 
 
 def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Terminate ``proc``; kill it if it has not exited within ``timeout`` seconds."""
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    """Terminate ``proc``; kill it (with its process group) if it has not exited within ``timeout`` seconds."""
+    proctree.stop_process(proc, timeout)
 
 
 def _tray_shown(env: dict[str, str]) -> bool:

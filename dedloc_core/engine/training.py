@@ -17,7 +17,7 @@ from concurrent.futures import Future
 import psutil
 import torch
 
-from dedloc_core import paths
+from dedloc_core import paths, proctree
 from dedloc_core.catalog.model import experiment_from
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
@@ -582,18 +582,7 @@ def kill_children(timeout: float = 3.0) -> None:
     are not offered: ``swarm.prepare_process``): it exits by itself once its last client is gone,
     and it is what unlinks our shared-memory tensors then. Killed while we still run, it left those segments in
     /dev/shm, and our own exit aborted (SIGABRT, libshm "Broken pipe" while freeing a tensor)."""
-    children = [c for c in psutil.Process().children(recursive=True) if not _is_shm_manager(c)]
-    for child in children:
-        try:
-            child.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(children, timeout=timeout)
-    for child in alive:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
+    proctree.stop_children(timeout, spare=_is_shm_manager)
 
 
 def _is_shm_manager(proc: psutil.Process) -> bool:

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dedloc_core import proctree
+
 HUB_NET = "192.0.0.128/25"  # the "public" segment (see the package docstring)
 _FIRST_HOST = 129
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller (LAB.md: v2 is an empty hierarchy here)
@@ -340,9 +342,7 @@ def _remove_cgroup(group: Path) -> None:
 def _kill_group(proc: subprocess.Popen) -> None:
     if proc.poll() is not None:
         return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    if not proctree.signal_group(proc.pid, signal.SIGKILL):
         proc.kill()
     try:
         proc.wait(10)
