@@ -1,5 +1,5 @@
 """Byzantine peers: what one attacker among four peers does to the eval loss, with `mean` and
-`centered_clip` aggregation (engine/robust.py, hivemind_patches patch 7).
+`centered_clip` aggregation (engine/robust.py, hivemind_ext.robust_reduce).
 
     .venv/bin/python bench/byzantine.py [--steps 20] [--attacks nan,scale,flip,noise] [--quick]
         [--model d64x2s32] [--batch 8] [--radius 1.0] [--iterations 3] [--keep DIR]

@@ -32,7 +32,7 @@ def main() -> None:
     from hivemind.compression import Uniform8BitQuantization, deserialize_torch_tensor
     from hivemind.compression.base import CompressionInfo
 
-    from dedloc_core.engine import hivemind_patches
+    from dedloc_core.engine import hivemind_ext
     from dedloc_core.engine.recipes import load_recipe
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--cosine", type=int, default=0, help="1: cosine inner lr decay to 0.1x (both modes)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    hivemind_patches.install()
+    hivemind_ext.install()
     m = re.fullmatch(r"d(\d+)x(\d+)(?:s(\d+))?", a.model)
     recipe = load_recipe("tiny-lm", {"d_model": int(m[1]), "n_layers": int(m[2]), "seq_len": int(m[3] or 32),
                                      "n_heads": 2, "lr": a.lr, "warmup_steps": 0})

@@ -17,7 +17,7 @@ hivemind, real p2pd) training tiny-lm on the shipped corpus, the same number of 
 
 Each peer reports, once it has trained the samples (in DiLoCo mode, once its last sync has been
 applied): the eval loss of its model (the outer model in DiLoCo mode) on the shipped eval text,
-bytes sent while training (``hivemind_patches.traffic`` from the common start, after every peer
+bytes sent while training (``hivemind_ext.traffic`` from the common start, after every peer
 joined and loaded the state: everything this peer put on the wire, DHT and matchmaking included),
 wall time and compute time (forward + backward; the optimizer step is left out because in sync mode
 it contains the blocking all-reduce), which over wall time is the compute utilization. Peers keep
@@ -65,7 +65,7 @@ def run_peer(args: argparse.Namespace) -> None:
     import torch
 
     from dedloc_core.catalog import DilocoParams
-    from dedloc_core.engine import hivemind_patches, swarm
+    from dedloc_core.engine import hivemind_ext, swarm
     from dedloc_core.engine.recipes import load_recipe
 
     swarm.prepare_process()
@@ -97,7 +97,7 @@ def run_peer(args: argparse.Namespace) -> None:
     go, stop = Path(args.stop + ".go"), Path(args.stop)
     while not go.exists():  # start together, so nobody trains alone at first
         time.sleep(0.1)
-    sent0, received0 = hivemind_patches.traffic()  # joining (state download) is not training traffic
+    sent0, received0 = hivemind_ext.traffic()  # joining (state download) is not training traffic
     samples, compute, began, reported = 0, 0.0, time.monotonic(), False
     shown = began
     while not stop.exists():
@@ -114,7 +114,7 @@ def run_peer(args: argparse.Namespace) -> None:
         if samples >= args.samples and not reported:
             reported = True
             wall = time.monotonic() - began
-            sent, received = hivemind_patches.traffic()
+            sent, received = hivemind_ext.traffic()
             if args.mode == "diloco":  # wait for the last sync, evaluate the outer model the swarm agrees on
                 while True:  # finish the running sync, a resync, and any round that is due; no more inner steps
                     if opt._resync is not None:
@@ -130,7 +130,7 @@ def run_peer(args: argparse.Namespace) -> None:
                     else:
                         break
                 wall = time.monotonic() - began
-                sent, received = hivemind_patches.traffic()
+                sent, received = hivemind_ext.traffic()
                 local = [p.detach().clone() for p in opt.params]
                 with torch.no_grad():
                     for p, o in zip(opt.params, opt.outer_params, strict=True):

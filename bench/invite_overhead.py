@@ -3,7 +3,7 @@
 Two swarms of ``--peers`` raw hivemind averagers (``--size`` floats each) on loopback, side by side
 in this process: an open one (plain DHT, no gate) and an invite-only one (every DHT message carries
 and checks a token, ``engine/gate.py``; matchmaking, all-reduce parts and state downloads check the
-peers' tokens, hivemind_patches patch 8). Their rounds alternate (open, gated, open, ...), so load
+peers' tokens, hivemind_ext.invite_gate). Their rounds alternate (open, gated, open, ...), so load
 on the machine hits both alike. Prints the median and mean round time of each.
 
     PYTHONPATH=. python bench/invite_overhead.py --rounds 10
@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.p2p import P2P, PeerID
 
 from dedloc_core import invites
-from dedloc_core.engine import gate, hivemind_patches, metrics
+from dedloc_core.engine import gate, hivemind_ext, metrics
 
 
 def swarm(n: int, size: int, prefix: str, issuer=None, run_id: str = "") -> list:
@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=1_000_000, help="floats per peer")
     p.add_argument("--rounds", type=int, default=10)
     args = p.parse_args()
-    hivemind_patches.install()
+    hivemind_ext.install()
     open_swarm = swarm(args.peers, args.size, "open")  # built before the gate is on: its averagers never check
     issuer = Ed25519PrivateKey.generate()
     gate.configure("bench-run", invites.public_key_text(issuer))

@@ -15,6 +15,7 @@ one::
      ├── AutostartError     the start-at-login entry cannot be written (``autostart``)
      ├── StatsError         the statistics file cannot be opened or read (``stats.db``)
      ├── SwarmUnavailable   the backbone's swarm summary cannot be fetched (``stats.swarmview``)
+     ├── HivemindVersionError  not the hivemind our extensions are written for (``engine.hivemind_ext``)
      └── SelfTestFailed     a step of ``dedloc --self-test`` failed (``engine.selftest``)
 
 ``user_message(error)`` is the one translation: a ``DedlocError``, a worker's ``Error`` event, an

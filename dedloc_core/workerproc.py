@@ -43,7 +43,7 @@ def worker_command() -> list[str]:
     return [sys.executable, "-m", "dedloc_core.engine.worker"]
 
 
-# The folder where the worker's hivemind puts its unix sockets (hivemind_patches patch 20): one per
+# The folder where the worker's hivemind puts its unix sockets (hivemind_ext.socket_dir): one per
 # worker, removed once its process group is gone, so a killed worker leaves no socket file behind.
 SOCKET_DIR_ENV = "DEDLOC_SOCKET_DIR"
 SOCKET_DIR_PREFIX = "dedloc-p2p-"

@@ -10,10 +10,9 @@ The code is organized as follows:
   (during the dial-back and while the Optimizer is built).
 - ``pacing``: a sync-mode step long enough to hide a round (target batch, matchmaking time).
 - ``diloco``, ``delta_averaging``: low-communication training (DiLoCo) and its delta all-reduce.
-- ``hivemind_patches``: our named fixes and hooks on hivemind 1.1.12.
+- ``hivemind_ext``: our named, guarded extensions of hivemind 1.1.12 (one module each, installed in order).
 - ``load_balancing``: hivemind's all-reduce load balancing without scipy (registered here).
 - ``no_dynamo``: torch.optim without importing torch._dynamo (a stand-in until something needs it).
-- ``helper_threads``: a switch (off by default) for hivemind's DHT and averagers as threads of the worker.
 - ``robust``: robust aggregation (NaN/inf parts dropped, centered clip) and bans of repeat offenders.
 - ``gate``: invite-only swarms: the DHT authorizer, the token registry, who ``admits`` a peer.
 - ``invited``: a volunteer's token for an invite-only experiment: redeem, renew at half life.

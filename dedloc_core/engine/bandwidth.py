@@ -1,6 +1,6 @@
 """Upload and download caps enforced on this peer's p2p traffic: two token buckets in shared
 memory, so the worker and the DHT and averager processes that hivemind forks from it draw
-from the same budget. ``hivemind_patches`` (patch 3) makes
+from the same budget. ``hivemind_ext.bandwidth_caps`` makes
 every p2p stream read and write and every unary call ``await take_up(n)`` /
 ``await take_down(n)`` first. Reading slower lets the stream's buffers fill, so TCP (through
 p2pd's yamux flow control) slows the remote sender down too.
@@ -9,7 +9,7 @@ A bucket lends: ``take`` may drive the balance below zero, and the caller then s
 debt is paid at the capped rate. So concurrent takers are served in order, and a long message is
 paced chunk by chunk. A rate of 0 means "no cap"; caps can change at any time from any process.
 
-Call ``setup()`` before the first fork (``hivemind_patches.install`` does); ``set_caps`` then.
+Call ``setup()`` before the first fork (``hivemind_ext.install`` does); ``set_caps`` then.
 """
 
 from __future__ import annotations

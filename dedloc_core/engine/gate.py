@@ -8,7 +8,7 @@ creating the DHT and the averagers (the processes hivemind forks inherit it), tu
   refuses those whose token is not the issuer's, for this run, bound to the key that signed them,
   and unexpired. So a peer without a token cannot read or write the experiment's DHT records
   (progress, metrics, group keys), and its answers are ignored.
-- matchmaking and all-reduce (``hivemind_patches`` patch 8): ``admits(dht, peer)`` tells whether a
+- matchmaking and all-reduce (``hivemind_ext.invite_gate``): ``admits(dht, peer)`` tells whether a
   peer has published a valid token under ``{run_id}_invites`` in the DHT (cached until the token
   expires; an unknown peer costs at most one DHT read a second).
 

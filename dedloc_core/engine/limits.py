@@ -51,7 +51,7 @@ def training_below_helpers() -> int:
     waiting behind the loop that waits for it. The process's other Python threads (the app's
     commands, pausing) keep their priority. An unprivileged thread cannot leave SCHED_IDLE: helpers
     that a later session of the same process forks (a rejoin) would inherit it, so hivemind's are
-    forked on ``above_the_loop``'s thread (``hivemind_patches``, patch 13). Returns the number of
+    forked on ``above_the_loop``'s thread (``hivemind_ext.fork_above_loop``). Returns the number of
     threads changed (0 elsewhere)."""
     if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_IDLE"):
         return 0
@@ -74,7 +74,7 @@ def above_the_loop(fn: Callable, /, *args, **kwargs):
     class; its result or exception. For what forks helper processes (hivemind's DHT, averagers):
     a child inherits its forking thread's class, and the loop's thread cannot leave SCHED_IDLE, so
     a rejoin's helpers forked there would sit level with the loop. The children's parent-death
-    signal (``hivemind_patches``) follows this thread, which lives as long as the process."""
+    signal (``hivemind_ext``) follows this thread, which lives as long as the process."""
     if threading.current_thread().name.startswith(LAUNCHER):
         return fn(*args, **kwargs)  # already there (or in a process forked from there)
     return _launcher().submit(fn, *args, **kwargs).result()

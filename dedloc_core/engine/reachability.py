@@ -16,7 +16,7 @@ never asks it again, go-libp2p issue #1782; the training session then restarts, 
 **outbound only**; it still sends and receives gradients over the connections it opens itself.
 
 A peer whose addresses are all loopback (a local swarm, the tests on 127.0.0.1) is "direct" without
-asking. Volunteers never relay for others (``hivemind_patches`` patch 5); the backbone does.
+asking. Volunteers never relay for others (``hivemind_ext.relay_policy``); the backbone does.
 """
 
 from __future__ import annotations
@@ -253,15 +253,15 @@ def _calling(start_dht: Callable[..., Any], on_start: Callable[[Any], None]) -> 
 
 
 def _start_relayed(cfg, start_dht: Callable[..., Any]):
-    from . import hivemind_patches
+    from . import hivemind_ext
 
-    hivemind_patches.set_p2pd_options(relayDiscovery=False)
+    hivemind_ext.set_p2pd_options(relayDiscovery=False)
     try:
         return start_dht(cfg, use_relay=True, use_auto_relay=True, trusted_relays=cfg.initial_peers,
                          force_reachability="private",  # do not wait for AutoNAT to find out
                          check_if_identity_free=False)  # hivemind's check starts a p2pd that rejects autorelay
     finally:
-        hivemind_patches.set_p2pd_options(relayDiscovery=None)
+        hivemind_ext.set_p2pd_options(relayDiscovery=None)
 
 
 def _wait_for_relay_address(dht, timeout: float) -> bool:

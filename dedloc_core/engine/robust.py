@@ -1,5 +1,5 @@
 """Robust aggregation of the parts this peer reduces in an all-reduce (hivemind's ``TensorPartReducer``,
-patched by ``hivemind_patches`` patch 7), in sync and DiLoCo modes alike.
+patched by ``hivemind_ext.robust_reduce``), in sync and DiLoCo modes alike.
 
 - A part with NaN or inf never enters the average: that sender is dropped from this round (its
   later parts too) and named in the log.

@@ -26,7 +26,7 @@ from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTrack
 from hivemind.utils import ValueWithExpiration, get_dht_time
 from hivemind.utils.logging import use_hivemind_log_handler
 
-from . import hivemind_patches, no_dynamo, prefetch
+from . import hivemind_ext, no_dynamo, prefetch
 
 no_dynamo.install()  # torch.optim's import of torch._dynamo: 1.3 s of CPU and 75 MiB, for two no-ops
 
@@ -68,7 +68,7 @@ class SwarmConfig:
     # how to be reachable (see reachability.join): "auto" asks the backbone to dial back and falls
     # back to its relay, then to client mode; or force "direct", "relay" or "outbound"
     reachability: str = "auto"
-    # serve as a libp2p circuit relay for other peers: the backbone only (hivemind_patches patch 5)
+    # serve as a libp2p circuit relay for other peers: the backbone only (hivemind_ext.relay_policy)
     relay_service: bool = False
     grad_compression: str = "fp16"  # "none", "fp16" or "8bit" (hivemind's Uniform8BitQuantization)
     # DeDLOC's delayed updates: a global step's gradient all-reduce and optimizer step run in the
@@ -145,7 +145,7 @@ def prepare_process() -> None:
     mp.set_start_method("fork", force=True)
     use_hivemind_log_handler("nowhere")  # hivemind's records propagate to our root logger
     quiet_repeats()
-    hivemind_patches.install()
+    hivemind_ext.install()
     if _process_prepared:
         return
     _process_prepared = True
@@ -219,7 +219,7 @@ def trim_heap() -> None:
 
 def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
     """A started DHT; ``extra`` goes to hivemind (and its P2P), e.g. ``client_mode``, ``use_auto_relay``."""
-    hivemind_patches.set_relay_service(cfg.relay_service)
+    hivemind_ext.set_relay_service(cfg.relay_service)
     opts = dict(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                 announce_maddrs=cfg.announce_maddrs or None, identity_path=cfg.identity_path,
                 client_mode=cfg.client_mode)

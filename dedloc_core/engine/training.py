@@ -22,7 +22,7 @@ from dedloc_core.catalog.model import experiment_from
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
 
-from . import gate, hivemind_patches, invited, limits, metrics, prefetch, reachability, robust, swarm
+from . import gate, hivemind_ext, invited, limits, metrics, prefetch, reachability, robust, swarm
 from .channel import Control, EventChannel
 from .dht_fallback import DhtFallback
 from .diloco import DilocoOptimizer
@@ -367,7 +367,7 @@ class Session:
         t0, s0, _ = self._window
         local_sps = (self.samples - s0) / max(now - t0, 1e-6)
         self._window = (now, self.samples, self.compute_seconds)
-        sent, received = hivemind_patches.traffic()
+        sent, received = hivemind_ext.traffic()
         if self.experiment.mode == "diloco":
             swarm_fields = dict(global_step=opt.local_epoch, swarm_samples_per_second=local_sps,
                                 num_peers=max(1, opt.last_group_size), samples_accumulated=opt.samples_since_launch,

@@ -1,11 +1,20 @@
-"""hivemind's DHT (and optionally its averagers) as threads of the process that creates them.
+"""Helper threads, a switch: hivemind's DHT (and optionally its averagers) as threads of the process.
 
-hivemind runs ``DHT`` and every ``DecentralizedAverager`` (the Optimizer's gradient and state
-averagers) as forked processes that talk to their creator through pipes and ``MPFuture``. Each
-fork costs private memory (pages of the parent's heap it touches; ``bench/overhead.py``: DHT 52,
-averagers 15 and 39 MiB USS). The DHT's loop needs little CPU and waits on sockets, so a thread
-serves as well: ``install("dht")`` (the worker's tree 1.59x the bare loop instead of 1.70x).
-``install("all")`` makes the averagers threads too (1.43x), but their all-reduces then wait on
+Upstream: ``hivemind/dht/dht.py`` (``DHT.run`` run in a thread, ``DHT.replicate_p2p`` replaced
+whole, its module's ``signal``), ``hivemind/averaging/averager.py``
+(``DecentralizedAverager._run_internal`` run in a thread), ``hivemind/utils/mpfuture.py``
+(``MPFuture.set_result``, ``set_exception``, ``cancel``, ``__del__`` wrapped,
+``_set_event_threadsafe`` replaced whole) and ``hivemind/averaging/control.py``
+(``StepControl.__del__`` wrapped).
+
+Without it: hivemind runs ``DHT`` and every ``DecentralizedAverager`` (the Optimizer's gradient
+and state averagers) as forked processes that talk to their creator through pipes and
+``MPFuture``. Each fork costs private memory (pages of the parent's heap it touches;
+``bench/overhead.py``: DHT 52, averagers 15 and 39 MiB USS). The DHT's loop needs little CPU and
+waits on sockets, so a thread serves as well.
+
+Fix: a switch. ``install("dht")`` runs the DHT as a thread (the worker's tree 1.59x the bare loop
+instead of 1.70x). ``install("all")`` makes the averagers threads too (1.43x), but their all-reduces then wait on
 the training loop for the GIL: in the network lab, with overlap, rounds took 5-8 s instead of
 1.4-2.3 s (bench/README.md). Neither is the default (``DEDLOC_HELPER_THREADS`` is ``none``,
 hivemind's processes): with the DHT in the worker process, its work for the swarm after a pause
@@ -26,6 +35,11 @@ changes:
   fails in a thread that runs a loop of its own);
 - ``DHT.replicate_p2p`` keeps one replica per event loop (each averager thread has its own loop;
   a replica's streams belong to the loop that opened them).
+
+Kind: our policy
+
+Shown: ``tests/test_helper_threads.py`` (without this a future settled through its copy never
+reaches its original; with it two peers average with the DHT as a thread).
 """
 
 from __future__ import annotations
@@ -41,13 +55,28 @@ import weakref
 
 logger = logging.getLogger(__name__)
 
+REPLACES = [
+    "hivemind.dht.dht.DHT.run",
+    "hivemind.dht.dht.DHT.replicate_p2p",
+    "hivemind.averaging.averager.DecentralizedAverager._run_internal",
+    "hivemind.utils.mpfuture.MPFuture.set_result",
+    "hivemind.utils.mpfuture.MPFuture.set_exception",
+    "hivemind.utils.mpfuture.MPFuture.cancel",
+    "hivemind.utils.mpfuture.MPFuture.__del__",
+    "hivemind.utils.mpfuture.MPFuture._set_event_threadsafe",
+    "hivemind.averaging.control.StepControl.__del__",
+]
+ENV = "DEDLOC_HELPER_THREADS"
+
 _installed = False
 
 
-def install(which: str = "none") -> None:
+def install(which: str | None = None) -> None:
     """Apply the changes above (idempotent) to ``which``: "dht", "all" (the averagers too) or
-    "none". Call before creating a DHT."""
+    "none"; by default what ``DEDLOC_HELPER_THREADS`` says ("none"). Call before creating a DHT."""
     global _installed
+    if which is None:
+        which = os.environ.get(ENV, "none")
     if _installed or which == "none":
         return
     if which not in ("dht", "all"):

@@ -1,0 +1,162 @@
+"""Robust aggregation: a reducer drops non-finite parts, may clip, and banned peers are shunned.
+
+Upstream: ``hivemind/averaging/partition.py``: ``TensorPartReducer.accumulate_part`` and
+``check_current_part_finished`` (replaced whole), ``reset_accumulators`` and
+``on_sender_failed`` (wrapped), ``TensorPartContainer.register_processed_part`` (wrapped);
+``hivemind/averaging/allreduce.py``: ``AllReduceRunner.__init__`` (wrapped: peer names for the
+log); ``hivemind/averaging/matchmaking.py``: ``Matchmaking._check_reasons_to_reject`` and
+``_request_join_group`` (wrapped).
+
+Without it: ``TensorPartReducer`` adds every sender's part to a weighted mean, NaN and all: one
+broken or hostile peer poisons every peer's step. A reducer that returns an average with NaN or
+inf has it added to every peer's tensors.
+
+Fix: ``accumulate_part`` drops a non-finite part (that sender leaves this round, named in the log,
+with a strike, see ``engine/robust.py``) and, with ``robust.configure("centered_clip")``, keeps
+the parts and returns their centered clip instead of the mean. An average with NaN or inf that a
+reducer returns is not used: that reducer's parts count as failed (the round fails,
+``partial_rounds``) and it gets a strike. ``on_sender_failed`` is idempotent (a dropped sender is
+banned by the runner too). ``Matchmaking`` neither accepts nor follows a peer that
+``robust.banned`` (one dropped again and again). A reducer's part whose sender vanished (not
+dropped for its content) is answered with an error: ``partial_rounds`` says why.
+
+Kind: our policy (the partial-round answer in ``check_current_part_finished`` is the bug fix of
+``partial_rounds``: docs/hivemind/robust_reduce.patch)
+
+Shown: ``tests/test_robust.py`` (slow: without it one NaN peer poisons every honest peer; with it the
+average is the honest one; centered clip holds against an amplified peer; a NaN reducer fails the
+round instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+REPLACES = [
+    "hivemind.averaging.partition.TensorPartReducer.accumulate_part",
+    "hivemind.averaging.partition.TensorPartReducer.check_current_part_finished",
+    "hivemind.averaging.partition.TensorPartReducer.reset_accumulators",
+    "hivemind.averaging.partition.TensorPartReducer.on_sender_failed",
+    "hivemind.averaging.partition.TensorPartContainer.register_processed_part",
+    "hivemind.averaging.allreduce.AllReduceRunner.__init__",
+    "hivemind.averaging.matchmaking.Matchmaking._check_reasons_to_reject",
+    "hivemind.averaging.matchmaking.Matchmaking._request_join_group",
+]
+
+log = logging.getLogger(__name__)
+
+
+def install() -> None:
+    from hivemind.averaging import allreduce, matchmaking, partition
+    from hivemind.proto import averaging_pb2
+
+    from dedloc_core.engine import robust
+
+    reducer = partition.TensorPartReducer
+    original_reset, original_failed = reducer.reset_accumulators, reducer.on_sender_failed
+
+    def reset_accumulators(self) -> None:
+        self.robust_parts = []  # (part, weight) of the current part, kept for centered_clip
+        if not hasattr(self, "dropped"):
+            self.dropped = set()  # senders left out for what they sent (NaN): not a partial round
+        original_reset(self)
+
+    def on_sender_failed(self, sender_index: int) -> None:
+        if self.sender_failed_after[sender_index] == float("inf"):
+            original_failed(self, sender_index)
+
+    async def accumulate_part(self, sender_index: int, part_index: int, tensor_part, weight: float = 1.0):
+        assert 0 <= sender_index < self.num_senders, "invalid sender index"
+        assert 0 <= part_index < self.num_parts, "invalid part index"
+        self.num_parts_received[sender_index] += 1
+        while part_index > self.current_part_index:
+            await asyncio.wait({self.current_part_future, asyncio.create_task(self.finished.wait())},
+                               return_when=asyncio.FIRST_COMPLETED)
+            if self.finished.is_set():
+                raise partition.AllreduceException(f"attempted to aggregate part in a finalized {type(self).__name__}")
+        if self.sender_failed_after[sender_index] != float("inf"):
+            raise partition.BannedException(f"sender {sender_index} was banned in background")
+        assert part_index == self.current_part_index
+        current_part_future = self.current_part_future
+        if part_index < self.sender_failed_after[sender_index]:
+            if not robust.finite(tensor_part):
+                self.num_parts_received[sender_index] -= 1  # not counted: the sender fails before this part
+                names = getattr(self, "sender_names", None)
+                peer = names[sender_index] if names else f"sender {sender_index}"
+                log.warning("Dropped part %d from %s: it holds NaN or inf; it leaves this round", part_index, peer)
+                robust.strike(peer)
+                self.dropped.add(sender_index)
+                self.on_sender_failed(sender_index)
+                raise partition.BannedException(f"{peer} sent a non-finite part")
+            if robust.kind() == "centered_clip":
+                self.robust_parts.append((tensor_part.detach().clone(), float(weight)))
+            else:
+                self.accumulator.add_(tensor_part, alpha=weight)
+            self.current_part_accumulated_from += 1
+            self.denominator += weight
+            self.check_current_part_finished()
+        return await current_part_future
+
+    def check_current_part_finished(self) -> None:
+        assert self.current_part_accumulated_from <= self.num_current_senders
+        if self.current_part_accumulated_from == self.num_current_senders:
+            lost = [i for i, after in enumerate(self.sender_failed_after)
+                    if after <= self.current_part_index and i not in self.dropped]
+            if lost:  # a sender vanished: its part is missing from this average, so there is none
+                names = getattr(self, "sender_names", None)
+                who = ", ".join(f"...{names[i][-6:]}" if names else str(i) for i in lost)
+                self.current_part_future.set_exception(partition.AllreduceException(
+                    f"partial all-reduce: {len(lost)} of {self.num_senders} senders lost ({who}); the round fails"))
+                self.current_part_future.exception()  # retrieved: no "never retrieved" warning
+            elif self.robust_parts:
+                parts, weights = zip(*self.robust_parts, strict=True)
+                result = robust.centered_clip(list(parts), list(weights))
+            else:
+                result = self.accumulator.div_(self.denominator)
+            if not lost:
+                self.current_part_future.set_result(result)
+            self.reset_accumulators()
+
+    reducer.reset_accumulators = reset_accumulators
+    reducer.on_sender_failed = on_sender_failed
+    reducer.accumulate_part = accumulate_part
+    reducer.check_current_part_finished = check_current_part_finished
+
+    container = partition.TensorPartContainer
+    register = container.register_processed_part
+
+    def register_processed_part(self, peer_index: int, part_index: int, part) -> None:
+        if not robust.finite(part):  # a reducer's average with NaN/inf: none of its parts is used
+            names = getattr(self, "reducer_names", None)
+            peer = names[peer_index] if names else f"reducer {peer_index}"
+            log.warning("%s returned average %d with NaN or inf: the round fails", peer, part_index)
+            robust.strike(peer)
+            raise partition.AllreduceException(f"{peer} returned a non-finite average")
+        register(self, peer_index, part_index, part)
+
+    container.register_processed_part = register_processed_part
+    runner_init = allreduce.AllReduceRunner.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        runner_init(self, *args, **kwargs)
+        self.tensor_part_reducer.sender_names = [str(p) for p in self.sender_peer_ids]
+        self.tensor_part_container.reducer_names = [str(p) for p in self.ordered_peer_ids]
+
+    allreduce.AllReduceRunner.__init__ = init
+
+    mm = matchmaking.Matchmaking
+    check, request = mm._check_reasons_to_reject, mm._request_join_group
+
+    def _check_reasons_to_reject(self, request_msg, context):
+        if robust.banned(str(context.remote_id)):
+            return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+        return check(self, request_msg, context)
+
+    async def _request_join_group(self, leader):
+        if robust.banned(str(leader)):
+            return None
+        return await request(self, leader)
+
+    mm._check_reasons_to_reject = _check_reasons_to_reject
+    mm._request_join_group = _request_join_group
