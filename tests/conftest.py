@@ -3,9 +3,11 @@ and a reaper for anything a test leaves behind."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -153,6 +155,20 @@ def _note_leftovers(request):
             _first_seen.setdefault((proc.pid, proc.create_time()), request.node.nodeid)
         except psutil.Error:
             pass
+
+
+_CREATE_TASK = asyncio.create_task
+
+
+@pytest.fixture(autouse=True)
+def _hivemind_ext_stays_out(request):
+    """Fail the test that installs ``hivemind_ext`` in pytest's own process: it replaces
+    ``asyncio.create_task`` (and much of hivemind) process-wide, for every later test. Tests run
+    the extensions in probes (fresh interpreters, ``tests/probes.py``)."""
+    yield
+    ext = sys.modules.get("dedloc_core.engine.hivemind_ext")
+    leaked = asyncio.create_task is not _CREATE_TASK or (ext is not None and ext.installed())
+    assert not leaked, f"{request.node.nodeid} installed hivemind_ext in pytest's process: use a probe"
 
 
 @pytest.fixture(autouse=True, scope="session")

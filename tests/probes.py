@@ -61,9 +61,9 @@ def two_dhts():
     """Two connected DHTs on loopback, ``(ours, another peer's)``, with our patches installed."""
     import hivemind
 
-    from dedloc_core.engine import hivemind_patches
+    from dedloc_core.engine import hivemind_ext
 
-    hivemind_patches.install()
+    hivemind_ext.install()
     first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     other = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
     return first, other

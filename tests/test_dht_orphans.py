@@ -1,4 +1,4 @@
-"""hivemind_patches patch 18: a request whose caller has exited does not stall the DHT. A call to
+"""hivemind_ext.dht_orphans: a request whose caller has exited does not stall the DHT. A call to
 the DHT carries an ``MPFuture`` whose file descriptors the DHT fetches from the caller's process
 while it unpickles the message; hivemind's DHT slept 3 s when that failed, so its own shutdown
 right after ran past its grace: the DHT was killed and left its socket files (and its p2pd).
@@ -18,9 +18,8 @@ from multiprocessing.reduction import ForkingPickler
 import hivemind
 from hivemind.p2p import P2P
 from hivemind.utils.mpfuture import MPFuture
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 P2P._UNIX_SOCKET_PREFIX = "/unix" + sys.argv[2] + "/hivemind-"
 
 def caller(conn):  # pickles a get() as DHT.get does, hands the bytes over and exits
@@ -50,12 +49,12 @@ def run_probe(mode: str, where: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_dht_drops_a_request_from_a_process_that_has_gone(tmp_path):
-    out = run_probe("patched", tmp_path)
+    out = run_probe("all", tmp_path)
     assert HARD_WAY not in out.stderr, out.stderr[-3000:]
     assert "left []" in out.stdout, out.stdout
 
 
 def test_without_the_patch_the_dht_stalls_past_its_shutdown_grace(tmp_path):
-    out = run_probe("unpatched", tmp_path)
+    out = run_probe("dht_orphans", tmp_path)
     assert HARD_WAY in out.stderr, out.stderr[-3000:]
     assert "hivemind-p2pd-" in out.stdout, out.stdout

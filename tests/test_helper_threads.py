@@ -1,7 +1,7 @@
-"""hivemind_patches patch 11 (helper_threads), a switch: by default the DHT and the averagers stay
+"""hivemind_ext.helper_threads, a switch: by default the DHT and the averagers stay
 forked processes; ``DEDLOC_HELPER_THREADS=dht`` makes the DHT a thread of the process, ``all`` the
 averagers too; two peers still average, and a future settled through its copy on a pipe reaches
-its original. Each probe is a fresh process, with and without the patches."""
+its original. Each probe is a fresh process, with every extension and without this one."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 AVERAGE = """
 import json, sys, psutil, torch, hivemind
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 first = hivemind.DHT(start=True)
 second = hivemind.DHT(initial_peers=first.get_visible_maddrs(), start=True)
 kw = dict(prefix="probe", target_group_size=2, min_group_size=2, min_matchmaking_time=1.0, start=True)
@@ -37,9 +36,8 @@ COPY = """
 import asyncio, gc, pickle, sys, threading
 from multiprocessing.reduction import ForkingPickler
 from hivemind.utils.mpfuture import MPFuture
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 future = MPFuture()
 copy = pickle.loads(ForkingPickler.dumps(future))  # what a helper thread gets through a pipe
 other = pickle.loads(ForkingPickler.dumps(future))
@@ -74,34 +72,34 @@ def probe(script: str, mode: str, threads: str | None = "dht") -> str:
 
 
 def test_the_dhts_are_threads_and_the_averagers_processes_that_still_average():
-    got = json.loads(probe(AVERAGE, "patched"))
+    got = json.loads(probe(AVERAGE, "all"))
     assert len(got["helpers"]) == 2, got  # the two averagers; no forked DHT
     assert got["groups"] == [2, 2], got
     assert got["averaged"] == [[2.0] * 8, [2.0] * 8], got
 
 
 def test_with_all_the_averagers_are_threads_too_and_still_average():
-    got = json.loads(probe(AVERAGE, "patched", threads="all"))
+    got = json.loads(probe(AVERAGE, "all", threads="all"))
     assert got["helpers"] == [], got  # no forked DHT or averager process
     assert got["groups"] == [2, 2], got
     assert got["averaged"] == [[2.0] * 8, [2.0] * 8], got
 
 
 def test_by_default_they_stay_forked_processes_with_the_patches():
-    got = json.loads(probe(AVERAGE, "patched", threads=None))
+    got = json.loads(probe(AVERAGE, "all", threads=None))
     assert len(got["helpers"]) == 4, got  # two DHTs, two averagers: the switch is off by default
     assert got["averaged"] == [[2.0] * 8, [2.0] * 8], got
 
 
 def test_without_the_patch_they_are_forked_processes():
-    got = json.loads(probe(AVERAGE, "plain"))
+    got = json.loads(probe(AVERAGE, "helper_threads"))
     assert len(got["helpers"]) == 4, got  # two DHTs, two averagers
     assert got["averaged"] == [[2.0] * 8, [2.0] * 8], got
 
 
 def test_a_future_settled_through_its_copy_reaches_the_original():
-    assert probe(COPY, "patched") == "[1, 2, 3] []"
+    assert probe(COPY, "all") == "[1, 2, 3] []"
 
 
 def test_without_the_patch_the_original_never_gets_the_result():
-    assert probe(COPY, "plain") != "[1, 2, 3] []"
+    assert probe(COPY, "helper_threads") != "[1, 2, 3] []"

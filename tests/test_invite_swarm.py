@@ -1,4 +1,4 @@
-"""Invite-only averaging with real hivemind averagers on loopback (engine/gate.py, hivemind_patches
+"""Invite-only averaging with real hivemind averagers on loopback (engine/gate.py, hivemind_ext
 patch 8): three invited peers average together; intruders with no token, an expired token, a token
 for another run, a token bound to another peer (stolen from an invited one) and a revoked volunteer
 (its token lapsed after its renewal was refused) are never in their group, and the invited peers'
@@ -24,10 +24,10 @@ import torch, hivemind
 from hivemind.p2p import P2P, PeerID
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from dedloc_core import invites
-from dedloc_core.engine import gate, hivemind_patches, metrics
+from dedloc_core.engine import gate, hivemind_ext, metrics
 dht_auth, gate_on = sys.argv[1] == "dht-auth", sys.argv[2] == "gate"
 RUN = "gated-run"
-hivemind_patches.install()
+hivemind_ext.install()
 logging.getLogger("hivemind.averaging.allreduce").setLevel(logging.DEBUG)  # why a round failed, if one does
 issuer = Ed25519PrivateKey.generate()
 if gate_on:

@@ -69,10 +69,10 @@ def test_without_it_the_helper_shares_the_cpu_with_the_loop():
 
 
 REJOIN = """
-import json, os
-from dedloc_core.engine import hivemind_patches, limits
+import json, os, sys
+from dedloc_core.engine import hivemind_ext, limits
 
-hivemind_patches.install()
+hivemind_ext.install(skip=sys.argv[1:])
 import hivemind
 
 def fork_class():  # a process forked from the calling thread: its scheduling class
@@ -96,10 +96,15 @@ print(json.dumps(got))
 
 def test_a_rejoins_helpers_are_forked_above_the_idle_loop():
     """A second session in the worker (a rejoin after a lost relay) starts its DHT and averagers
-    from the idle loop's thread; hivemind_patches forks them above it (``limits.above_the_loop``)."""
+    from the idle loop's thread; hivemind_ext forks them above it (``limits.above_the_loop``)."""
     got = probe_json(REJOIN)
     assert got["direct"] == got["idle"], got  # a plain fork from the loop's thread: the loop's class
     assert got["first"] != got["idle"] and got["second"] != got["idle"], got
+
+
+def test_without_fork_above_loop_a_rejoins_helpers_run_at_the_loops_idle_class():
+    got = probe_json(REJOIN, "fork_above_loop")
+    assert got["first"] != got["idle"] and got["second"] == got["idle"], got
 
 
 FORKED = """

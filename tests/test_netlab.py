@@ -156,7 +156,7 @@ def p2pnode(netlab, host, *args: str):
 
 def test_in_a_training_swarm_a_public_volunteer_still_refuses_to_relay(netlab, tmp_path):
     """With other peers around, AutoNAT finds public hosts public and libp2p would start a relay
-    service again (hivemind_patches patch 5): the volunteer must still refuse; the backbone relays."""
+    service again (hivemind_ext.relay_policy): the volunteer must still refuse; the backbone relays."""
     backbone, pub, _ = swarm(netlab, tmp_path, 0)
     wait_until([pub], lambda: pub.step >= 1, 150, "the public volunteer did not train")
     time.sleep(10)  # AutoNAT has had its peers
@@ -169,7 +169,7 @@ def test_in_a_training_swarm_a_public_volunteer_still_refuses_to_relay(netlab, t
 
 def test_volunteer_refuses_to_relay_backbone_relays(netlab):
     """A NATed peer asks a public volunteer, then the backbone, to relay for it (real p2pd daemons).
-    The volunteer refuses (hivemind_patches patch 5); through the backbone a third peer reaches it."""
+    The volunteer refuses (hivemind_ext.relay_policy); through the backbone a third peer reaches it."""
     import os
     import subprocess
     import sys

@@ -1,7 +1,7 @@
 """A swarm's first optimizer step is the recipe optimizer's first step: hivemind makes Adam's
 statistics exist with a step of zero gradients before training (``initialize_optimizer_state_``),
 which left Adam's step count at 1 (every later update with the next step's bias correction) and
-AdamW's weight decay applied once (``hivemind_patches`` patch 16). Real hivemind optimizers on a
+AdamW's weight decay applied once (``hivemind_ext.optimizer_init``). Real hivemind optimizers on a
 loopback DHT, in a fresh interpreter each, against plain ``torch.optim.AdamW``."""
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from probes import probe_json
 
 PROBE = """
 import copy, json, sys, torch
+from dedloc_core.engine import hivemind_ext
 from tests.probes import lone_optimizer
+
+hivemind_ext.install(skip=sys.argv[2:])  # before lone_optimizer's (a second install does nothing)
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
@@ -45,3 +48,9 @@ def test_the_first_global_step_is_adamws_first_step(mode):
     # torch's first AdamW step moves each weight by about lr (0.1); with a step counted before it,
     # by 0.73 lr: a gap of 0.027
     assert got["gap"] < 1e-6, got
+
+
+def test_without_optimizer_init_the_first_step_is_adams_second():
+    got = probe_json(PROBE, "plain", "optimizer_init", timeout=180)
+    assert got["steps_before"] == [1], got  # hivemind's zero step counted
+    assert got["gap"] > 0.01, got  # the update with the next step's bias correction (and one decay)

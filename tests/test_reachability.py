@@ -1,8 +1,11 @@
-"""Pure parts of reachability and of patch 5 (the lab tests in test_netlab.py do the real thing)."""
+"""Pure parts of reachability and of ``hivemind_ext.relay_policy`` (the lab tests in test_netlab.py do
+the real thing)."""
 
 from __future__ import annotations
 
-from dedloc_core.engine import hivemind_patches, reachability
+from probes import probe_json
+
+from dedloc_core.engine import reachability
 
 PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 
@@ -21,22 +24,34 @@ def test_only_loopback():
     assert not reachability.only_loopback(["/ip4/127.0.0.1/tcp/0", "/ip4/0.0.0.0/tcp/0"])
 
 
-def test_extra_p2pd_flags_reach_the_command_line():
-    from hivemind.p2p.p2p_daemon import P2P
+# p2pd's command line as P2P.create builds it, in a fresh interpreter (the extensions are never
+# installed in pytest's): a volunteer with an extra flag, a plain volunteer, the backbone. Args: the
+# extensions left out.
+FLAGS = """
+import json, sys
+from hivemind.p2p.p2p_daemon import P2P
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=sys.argv[1:])
+hivemind_ext.set_p2pd_options(relayDiscovery=False)
+extra = P2P._make_process_args("p2pd", relay=True)
+hivemind_ext.set_p2pd_options(relayDiscovery=None)
+volunteer = P2P._make_process_args("p2pd", relay=True)
+hivemind_ext.set_relay_service(True)  # the backbone: p2pd's relay service stays on
+backbone = P2P._make_process_args("p2pd", relay=True)
+print(json.dumps(dict(extra=extra, volunteer=volunteer, backbone=backbone)))
+"""
 
-    hivemind_patches.install()
-    hivemind_patches.set_p2pd_options(relayDiscovery=False)
-    try:
-        args = P2P._make_process_args("p2pd", relay=True)
-    finally:
-        hivemind_patches.set_p2pd_options(relayDiscovery=None)
-    assert args == ["p2pd", "-relay=1", "-relayService=0", "-relayDiscovery=0"]
-    assert P2P._make_process_args("p2pd", relay=True) == ["p2pd", "-relay=1", "-relayService=0"]
-    hivemind_patches.set_relay_service(True)  # the backbone: p2pd's relay service stays on
-    try:
-        assert P2P._make_process_args("p2pd", relay=True) == ["p2pd", "-relay=1"]
-    finally:
-        hivemind_patches.set_relay_service(False)
+
+def test_extra_p2pd_flags_reach_the_command_line():
+    got = probe_json(FLAGS)
+    assert got["extra"] == ["p2pd", "-relay=1", "-relayService=0", "-relayDiscovery=0"]
+    assert got["volunteer"] == ["p2pd", "-relay=1", "-relayService=0"]
+    assert got["backbone"] == ["p2pd", "-relay=1"]
+
+
+def test_without_the_relay_policy_a_volunteers_p2pd_offers_a_relay_service():
+    got = probe_json(FLAGS, "relay_policy")
+    assert got["volunteer"] == ["p2pd", "-relay=1"], got  # p2pd then relays for anyone who asks
 
 
 class UnreachableDHT:

@@ -1,7 +1,7 @@
 """A worker session leaves no p2p socket behind: each hivemind averager talks to p2pd through a
 replica of the DHT's ``P2P`` whose client listens on a unix socket, and hivemind never shut the
 replicas down, so two ``hivemind-p2pclient-*.sock`` files stayed in /tmp per session
-(``hivemind_patches`` patch 17). A real optimizer (DHT, two averager processes, p2pd) on loopback,
+(``hivemind_ext.replica_sockets``). A real optimizer (DHT, two averager processes, p2pd) on loopback,
 in a fresh interpreter, its sockets under ``tmp_path`` instead of /tmp."""
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import pathlib, sys, torch
 from hivemind.p2p import P2P
+from dedloc_core.engine import hivemind_ext
 from tests.probes import lone_optimizer
+
+hivemind_ext.install(skip=sys.argv[2:])  # before lone_optimizer's (a second install does nothing)
 
 P2P._UNIX_SOCKET_PREFIX = "/unix" + sys.argv[1] + "/hivemind-"  # the forked helpers inherit it
 model = torch.nn.Linear(3, 2)
@@ -30,10 +33,20 @@ dht.shutdown()
 """
 
 
-def test_a_session_leaves_no_socket_files(tmp_path):
-    out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+def session(where: Path, *skip: str) -> str:
+    out = subprocess.run([sys.executable, "-c", PROBE, str(where), *skip], cwd=ROOT, capture_output=True, text=True,
                          timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_a_session_leaves_no_socket_files(tmp_path):
+    out = session(tmp_path)
     # the DHT's own client and daemon sockets, and one client per averager (gradients, state)
-    assert "while training: ['p2pclient', 'p2pclient', 'p2pclient', 'p2pd']" in out.stdout, out.stdout
+    assert "while training: ['p2pclient', 'p2pclient', 'p2pclient', 'p2pd']" in out, out
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_without_replica_sockets_each_averagers_socket_stays(tmp_path):
+    session(tmp_path, "replica_sockets")
+    assert sorted(p.name.split("-")[1] for p in tmp_path.iterdir()) == ["p2pclient", "p2pclient"]

@@ -1,4 +1,4 @@
-"""Robust aggregation (hivemind_patches patch 7, engine/robust.py) with real hivemind averagers on
+"""Robust aggregation (hivemind_ext.robust_reduce, engine/robust.py) with real hivemind averagers on
 loopback: a peer sending NaN never enters the average; with centered_clip an amplified peer barely
 moves it, where the plain mean follows it; without the patch one NaN poisons every peer; a reducer
 returning NaN averages fails the round instead of poisoning it."""
@@ -25,8 +25,8 @@ import json, sys, time
 import torch, hivemind
 patched, aggregation, attack = sys.argv[1] == "patched", sys.argv[2], sys.argv[3]
 if patched:
-    from dedloc_core.engine import hivemind_patches, robust
-    hivemind_patches.install()
+    from dedloc_core.engine import hivemind_ext, robust
+    hivemind_ext.install()
     robust.configure(aggregation)
 honest = [1.0, 1.2, 0.8]
 first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
@@ -156,8 +156,8 @@ import json, sys
 import torch, hivemind
 from hivemind.averaging import allreduce
 if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+    from dedloc_core.engine import hivemind_ext
+    hivemind_ext.install()
 first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
 dhts = [first] + [hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                                initial_peers=[str(a) for a in first.get_visible_maddrs()]) for _ in range(2)]

@@ -425,7 +425,7 @@ def test_volunteers_that_use_the_dht_without_serving_it_average_and_serve_it_whe
     """``volunteer_dht="client"``: volunteers that join through a backbone use the DHT without serving
     it (they answer no DHT request; the backbone does), yet their averagers take connections, so they
     average with each other: the backbone joins no gradient round, and hivemind's Optimizer would have
-    made their averagers clients too, leaving no peer to reduce (hivemind_patches patch 21). When the
+    made their averagers clients too, leaving no peer to reduce (hivemind_ext.optimizer_client_mode). When the
     backbone dies they start serving the DHT and introduce themselves to the peers they are connected
     to (``dht_fallback``), and go on averaging: without that, nobody answered their DHT requests, no
     group formed, and each took local steps alone."""

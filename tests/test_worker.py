@@ -343,7 +343,7 @@ def _descendants_while_training(worker: WorkerProcess, corpus_server) -> list[ps
     p2pd = next(c for c in children if c.name() == "p2pd")
     # a volunteer's p2pd runs Go on one thread (swarm.p2pd_on_one_thread)
     assert p2pd.environ().get("GOMAXPROCS") == os.environ.get("GOMAXPROCS", "1"), p2pd.environ()
-    # the DHT and the two averagers (helper_threads.py can make them threads; off by default)
+    # the DHT and the two averagers (hivemind_ext/helper_threads.py can make them threads; off by default)
     assert found.count("python") + found.count("python3") == 3, found
     return children
 

@@ -74,7 +74,7 @@ def test_without_a_callback_the_queue_keeps_the_newest_and_no_more(corpus_server
 
 def test_a_killed_worker_leaves_no_socket_file(corpus_server, tmp_path):
     """hivemind's unix sockets (p2pd's, each P2P client's) go in the worker's own folder
-    (hivemind_patches patch 20), not /tmp, and the folder goes when the worker is killed: a SIGKILL
+    (hivemind_ext.socket_dir), not /tmp, and the folder goes when the worker is killed: a SIGKILL
     removes none of them (2,217 in /tmp on the dev VM after a day of tests)."""
     before = set(glob.glob("/tmp/hivemind-*.sock"))
     worker = WorkerProcess(env=worker_env(tmp_path))

@@ -14,13 +14,13 @@ import os
 import sys
 import tempfile
 
-from dedloc_core.engine import hivemind_patches
+from dedloc_core.engine import hivemind_ext
 
 
 async def serve(ip: str, port: str, mode: str) -> None:
     from hivemind.p2p import P2P
 
-    hivemind_patches.set_relay_service(mode != "volunteer")
+    hivemind_ext.set_relay_service(mode != "volunteer")
     p2p = await P2P.create(host_maddrs=[f"/ip4/{ip}/tcp/{port}"], identity_path=_identity())
     _forget()
     print([str(m) for m in await p2p.get_visible_maddrs()][0], flush=True)
@@ -30,7 +30,7 @@ async def serve(ip: str, port: str, mode: str) -> None:
 async def reserve(relay: str, seconds: str) -> None:
     from hivemind.p2p import P2P
 
-    hivemind_patches.set_p2pd_options(relayDiscovery=False)
+    hivemind_ext.set_p2pd_options(relayDiscovery=False)
     p2p = await P2P.create(initial_peers=[relay], host_maddrs=["/ip4/0.0.0.0/tcp/0"], use_relay=True,
                            use_auto_relay=True, trusted_relays=[relay], force_reachability="private",
                            identity_path=_identity())
@@ -95,6 +95,6 @@ def _forget() -> None:
 
 
 if __name__ == "__main__":
-    hivemind_patches.install()
+    hivemind_ext.install()
     command, *rest = sys.argv[1:]
     asyncio.run({"serve": serve, "reserve": reserve, "dial": dial}[command](*rest))

@@ -42,7 +42,7 @@ class Backbone:
 
     def __init__(self, lab: Lab, host: Host, experiment: dict, folder: Path, *extra_args: str):
         catalog, key = signed_catalog(experiment, folder / "catalog")
-        sockets = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)  # hivemind_patches patch 20
+        sockets = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)  # hivemind_ext.socket_dir
         self.ready_file = folder / "backbone" / "ready.json"
         self.log = folder / "backbone.log"
         self.proc = lab.popen(host, [

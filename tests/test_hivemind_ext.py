@@ -1,9 +1,12 @@
-"""hivemind_patches patch 6: tasks nobody keeps and the MPFutures they await survive garbage collection,
-and so does the task serving a connection to a unix-socket server; patch 9: an averager renews its
-state record before the record expires, and does not store it again for each averaged tensor;
-patch 10: a cancelled averaging step reads cancelled by the time the averager hears of the cancel;
-patch 12: a step whose all-reduce ran and failed is not run again; patch 19: a store of a key goes where
-the key's last store went."""
+"""hivemind_ext's extensions, each shown with and without in a fresh interpreter: every extension
+installed ("all") against all but the one under test (the first argument of each probe).
+``task_references``: tasks nobody keeps and the MPFutures they await survive garbage collection,
+and so does the task serving a connection to a unix-socket server; ``state_records``: an averager
+renews its state record before the record expires, and does not store it again for each averaged
+tensor; ``leader_poll``: matchmaking fetches the averagers at a pace; ``one_write``: a daemon
+message is one write; ``step_cancel``: a cancelled averaging step reads cancelled by the time the
+averager hears of the cancel; ``no_rerun``: a step whose all-reduce ran and failed is not run
+again; ``nearest_cache``: a store of a key goes where the key's last store went."""
 
 from __future__ import annotations
 
@@ -22,9 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import asyncio, gc, sys, weakref
 from hivemind.utils.mpfuture import MPFuture
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 
 async def main():
     done = asyncio.Event()
@@ -57,16 +59,16 @@ def probe(mode: str, future: str) -> str:
 
 @pytest.mark.parametrize("future", ["mpfuture", "asyncio"])
 def test_an_awaiting_task_survives_garbage_collection_with_the_patch(future):
-    assert probe("patched", future) == "completed"
+    assert probe("all", future) == "completed"
 
 
 @pytest.mark.parametrize("future", ["mpfuture", "asyncio"])
 def test_without_the_patch_the_awaiting_task_is_lost(future):
     # the bug the patch exists for; if a new hivemind or Python fixes it, this fails and the patch can go
-    assert probe("plain", future) == "lost"
+    assert probe("task_references", future) == "lost"
 
 
-# Patch 9: an averager's "I share my state" record, read from another peer's DHT every 50 ms for
+# state_records: an averager's "I share my state" record, read from another peer's DHT every 50 ms for
 # three lifetimes (2 s each). Prints the least time the old record had left when a renewal was
 # seen, and how often the record was missing after it first appeared.
 RECORDS = """
@@ -74,9 +76,8 @@ import sys, time
 import torch, hivemind
 from hivemind.averaging import DecentralizedAverager
 from hivemind.utils import get_dht_time
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
 second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs())
 averager = DecentralizedAverager([torch.zeros(4)], first, prefix="records", start=True, declare_state_period=2.0)
@@ -105,26 +106,25 @@ def renewals(mode: str) -> tuple[float, int]:
 
 
 def test_a_state_record_is_renewed_while_it_still_has_half_its_life():
-    least, missing = renewals("patched")
+    least, missing = renewals("all")
     assert least >= 0.7, f"a renewal came {least:.3f} s before the old record expired (half a life is 1 s)"
     assert missing == 0
 
 
 def test_without_the_patch_a_state_record_is_renewed_only_as_it_expires():
-    least, _ = renewals("plain")
+    least, _ = renewals("state_records")
     assert least < 0.3, least
 
 
-# Patch 9: how often two averagers store their state records while they run 3 all-reduce rounds of
+# state_records: how often two averagers store their state records while they run 3 all-reduce rounds of
 # 24 tensors (hivemind's all-reduce wakes the record's loop after every averaged tensor). The
 # stores are counted in the averagers' processes (forked after the count is set up).
 ROUND_RECORDS = """
 import multiprocessing as mp, sys, threading, time
 import torch, hivemind
 from hivemind.averaging import DecentralizedAverager
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 stores = mp.Value("i", 0)
 store = hivemind.DHT.store
 def counted(self, key, *args, **kwargs):
@@ -159,28 +159,27 @@ def round_records(mode: str) -> tuple[int, int, int]:
 
 
 def test_all_reduce_rounds_do_not_store_the_state_record_again():
-    rounds, stores, records = round_records("patched")
+    rounds, stores, records = round_records("all")
     assert rounds == 3
     assert stores == 0, f"{stores} state-record stores during 3 rounds (nothing in the record changed)"
     assert records == 2  # both averagers still declared
 
 
 def test_without_the_patch_every_averaged_tensor_stores_the_record_again():
-    rounds, stores, _ = round_records("plain")
+    rounds, stores, _ = round_records("state_records")
     assert rounds == 3
     assert stores >= 3 * 2 * 4, stores  # hivemind: a wake per averaged tensor, a store per wake
 
 
-# Patch 14: how often a lone averager fetches its group key's averagers from the DHT while it looks
+# leader_poll: how often a lone averager fetches its group key's averagers from the DHT while it looks
 # for a group for 4 s (nobody else there: hivemind fetches again as soon as a fetch returns).
 LEADER_POLL = """
 import multiprocessing as mp, sys, time
 import torch, hivemind
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.key_manager import GroupKeyManager
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 fetches = mp.Value("i", 0)
 get_averagers = GroupKeyManager.get_averagers
 async def counted(self, *args, **kwargs):
@@ -208,29 +207,28 @@ def leader_fetches(mode: str) -> tuple[int, float]:
 
 
 def test_a_search_for_a_group_fetches_the_averagers_at_a_pace():
-    from dedloc_core.engine.hivemind_patches import LEADER_POLL_SECONDS
+    from dedloc_core.engine.hivemind_ext import LEADER_POLL_SECONDS
 
-    fetches, seconds = leader_fetches("patched")
+    fetches, seconds = leader_fetches("all")
     assert seconds >= 3.5  # it searched for its whole matchmaking time
     assert 2 <= fetches <= seconds / LEADER_POLL_SECONDS + 2, (fetches, seconds)
 
 
 def test_without_the_patch_a_search_fetches_the_averagers_back_to_back():
-    fetches, seconds = leader_fetches("plain")
+    fetches, seconds = leader_fetches("leader_poll")
     assert seconds >= 3.5
     assert fetches >= 10 * seconds / 0.5, (fetches, seconds)  # far above the patch's pace
 
 
-# Patch 15: how many writes (each a send on p2pd's unix socket) a unary call's request takes, and
+# one_write: how many writes (each a send on p2pd's unix socket) a unary call's request takes, and
 # that the daemon's reader gets the same message back.
 WRITES = """
 import asyncio, socket, sys
 from hivemind.p2p.p2p_daemon_bindings import control
 from hivemind.p2p.p2p_daemon_bindings.utils import read_pbmsg_safe
 from hivemind.proto import p2pd_pb2 as pb
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 
 async def main():
     left, right = socket.socketpair()
@@ -256,11 +254,11 @@ def writes(mode: str) -> int:
 
 
 def test_a_daemon_message_is_one_write():
-    assert writes("patched") == 2  # two messages (a 2-byte and a 1-byte length), read back intact
+    assert writes("all") == 2  # two messages (a 2-byte and a 1-byte length), read back intact
 
 
 def test_without_the_patch_each_length_byte_is_a_write_of_its_own():
-    assert writes("plain") == 3 + 2
+    assert writes("one_write") == 3 + 2
 
 
 # How p2pd hands a peer's stream to our handlers: a connection to a unix-socket server. Its handler
@@ -268,9 +266,8 @@ def test_without_the_patch_each_length_byte_is_a_write_of_its_own():
 # event loop lets go of the socket; only the protocol holds the handler's task.
 SERVER = """
 import asyncio, gc, os, sys, tempfile, weakref
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 
 async def main():
     done, holder = asyncio.Event(), {}
@@ -304,11 +301,11 @@ asyncio.run(main())
 
 
 def test_the_task_serving_a_connection_survives_garbage_collection_with_the_patch():
-    assert run_probe(SERVER, "patched") == "completed"
+    assert run_probe(SERVER, "all") == "completed"
 
 
 def test_without_the_patch_the_task_serving_a_paused_connection_is_lost():
-    assert run_probe(SERVER, "plain") == "lost"
+    assert run_probe(SERVER, "task_references") == "lost"
 
 
 # What the averager reads (step.cancelled()) when each of the two messages of StepControl.cancel()
@@ -319,9 +316,8 @@ import sys
 from hivemind.averaging.control import StepControl
 from hivemind.utils import get_dht_time
 from hivemind.utils.mpfuture import MPFuture
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 
 MPFuture()  # hivemind starts its future backend on the base class only
 step = StepControl(scheduled_time=get_dht_time() + 5, deadline=get_dht_time() + 30, allow_retries=True,
@@ -341,12 +337,12 @@ except Exception as exc:
 
 
 def test_a_cancelled_step_reads_cancelled_when_the_averager_hears_of_it():
-    assert run_probe(CANCEL, "patched") == "True True True True"  # and a second cancel raises nothing
+    assert run_probe(CANCEL, "all") == "True True True True"  # and a second cancel raises nothing
 
 
 def test_without_the_patch_the_averager_hears_of_the_cancel_before_the_step_reads_cancelled():
     # the averager then went on to an all-reduce: the cancelled trigger counts as "triggered"
-    assert run_probe(CANCEL, "plain") == "False False True True\nsecond cancel: InvalidStateError"
+    assert run_probe(CANCEL, "step_cancel") == "False False True True\nsecond cancel: InvalidStateError"
 
 
 # Two real averagers on loopback, one all-reduce. The victim's round fails on its side only, after
@@ -357,9 +353,8 @@ import json, sys, time
 import torch, hivemind
 from hivemind.averaging import allreduce
 from hivemind.averaging.partition import AllreduceException
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
 second = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                       initial_peers=[str(a) for a in first.get_visible_maddrs()])
@@ -404,26 +399,25 @@ def rerun(mode: str) -> tuple[list, bool]:
 
 @pytest.mark.slow
 def test_a_step_whose_all_reduce_failed_fails_at_once():
-    outcome, retried = rerun("patched")
+    outcome, retried = rerun("all")
     assert outcome == [2, "MatchmakingException"] and not retried
 
 
 @pytest.mark.slow
 def test_without_the_patch_the_step_looks_for_a_new_group_until_its_deadline():
-    outcome, retried = rerun("plain")
+    outcome, retried = rerun("no_rerun")
     assert outcome[0] == 2 and retried  # nobody else is looking: the retries find no group
 
 
-# Patch 19: the finds a peer's DHT sends while it stores the same key three times among four DHTs on
+# nearest_cache: the finds a peer's DHT sends while it stores the same key three times among four DHTs on
 # loopback, then once more after one of the nodes that held it has left, and once after that.
 STORES = """
 import json, multiprocessing as mp, sys
 import hivemind
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.utils import get_dht_time
-if sys.argv[1] == "patched":
-    from dedloc_core.engine import hivemind_patches
-    hivemind_patches.install()
+from dedloc_core.engine import hivemind_ext
+hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
 finds = mp.Value("i", 0)
 call_find = DHTProtocol.call_find
 async def counted(self, *args, **kwargs):
@@ -460,7 +454,7 @@ def store_finds(mode: str) -> list:
 
 
 def test_a_peer_stores_a_key_where_its_last_store_of_it_went_without_searching_again():
-    rows = store_finds("patched")
+    rows = store_finds("all")
     assert [ok for ok, _, _ in rows] == [True] * 5
     assert [values for _, _, values in rows] == [[0] * 4, [1] * 4, [2] * 4, [3] * 3, [4] * 3]  # every node has it
     sends = [sent for _, sent, _ in rows]
@@ -469,6 +463,6 @@ def test_a_peer_stores_a_key_where_its_last_store_of_it_went_without_searching_a
 
 
 def test_without_the_patch_every_store_searches_the_dht_first():
-    rows = store_finds("plain")
+    rows = store_finds("nearest_cache")
     assert [ok for ok, _, _ in rows] == [True] * 5
     assert all(sent > 0 for _, sent, _ in rows), rows
