@@ -15,7 +15,7 @@ that is less); the first of a search at once, as before.
 
 Kind: bug fix (belongs upstream; docs/hivemind/leader_poll.patch)
 
-Shown: ``tests/test_hivemind_patches.py`` (fetches in 4 s of a lone search, with and without).
+Shown: ``tests/test_hivemind_ext.py`` (fetches in 4 s of a lone search, with and without).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ failed), then it searches again. Gets still search every time.
 
 Kind: our policy
 
-Shown: ``tests/test_hivemind_patches.py`` (finds per store among four DHTs, with and without).
+Shown: ``tests/test_hivemind_ext.py`` (finds per store among four DHTs, with and without).
 """
 
 from __future__ import annotations

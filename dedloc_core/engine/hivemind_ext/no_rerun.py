@@ -16,7 +16,7 @@ still retries until its deadline.
 
 Kind: bug fix (belongs upstream; docs/hivemind/no_rerun.patch)
 
-Shown: ``tests/test_hivemind_patches.py`` (slow: the victim's step retries without this).
+Shown: ``tests/test_hivemind_ext.py`` (slow: the victim's step retries without this).
 """
 
 from __future__ import annotations

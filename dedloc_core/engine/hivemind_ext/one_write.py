@@ -11,7 +11,7 @@ Fix: the length and the body go in one write.
 
 Kind: bug fix (belongs upstream; docs/hivemind/one_write.patch)
 
-Shown: ``tests/test_hivemind_patches.py`` (sends per message, read back intact).
+Shown: ``tests/test_hivemind_ext.py`` (sends per message, read back intact).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ it is due for renewal.
 
 Kind: bug fix (belongs upstream; docs/hivemind/state_records.patch)
 
-Shown: ``tests/test_hivemind_patches.py`` (renewal before expiry; no stores during rounds).
+Shown: ``tests/test_hivemind_ext.py`` (renewal before expiry; no stores during rounds).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Fix: the state is set first, then the averager is told; a second cancel does not
 
 Kind: bug fix (belongs upstream; docs/hivemind/step_cancel.patch)
 
-Shown: ``tests/test_hivemind_patches.py`` (what the averager reads when each message arrives).
+Shown: ``tests/test_hivemind_ext.py`` (what the averager reads when each message arrives).
 """
 
 from __future__ import annotations

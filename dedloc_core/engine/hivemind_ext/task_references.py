@@ -21,7 +21,7 @@ replaces ``asyncio.create_task`` process-wide: tests install it only in subproce
 
 Kind: bug fix (belongs upstream; docs/hivemind/task_references.patch)
 
-Shown: ``tests/test_hivemind_patches.py`` (a task awaiting a future only it holds is lost without
+Shown: ``tests/test_hivemind_ext.py`` (a task awaiting a future only it holds is lost without
 this, completes with it; likewise a connection's serving task).
 """
 
