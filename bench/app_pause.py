@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     finally:
         if helper is not None:
             helper.stop(timeout=20)
-        stop(backbone, 60)
+        backbone.stop(60)
     latencies = [r[2] for r in rows]
     for name, pick in (("while starting", lambda r: r[0] == "start"),
                        ("first after joining", lambda r: r[0] == "first"),

@@ -4,16 +4,14 @@ Used by the loopback swarm tests, the DiLoCo tests and the network lab (tests/ne
 
 from __future__ import annotations
 
-import json
 import os
 import queue
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
+from dedloc_core.backboneproc import BackboneProcess
 from dedloc_core.protocol import Error, Progress, State, Stats
 
 
@@ -92,25 +90,19 @@ def wait_until(peers: list[SwarmPeer], condition, timeout: float, message: str) 
     raise AssertionError(message + "\n" + "\n".join(p.describe() for p in peers))
 
 
-def start_backbone(experiment: dict, folder: Path, *, http: bool = False, poll: str = "1", extra: tuple = ()):
-    """``dedloc backbone`` on loopback for ``experiment`` (its catalog signed by a fresh key):
-    (process, its ready.json, the key's base64). With ``http`` it serves HTTP on a free port."""
+def start_backbone(experiment: dict, folder: Path, *, http: bool = False, poll: str = "1",
+                   extra: tuple = ()) -> tuple[BackboneProcess, dict, str]:
+    """``dedloc backbone`` on loopback for ``experiment`` (its catalog signed by a fresh key), up:
+    (the process, its ready.json, the key's base64). With ``http`` it serves HTTP on a free port."""
     from netlab.peers import signed_catalog
 
     catalog, key = signed_catalog(experiment, folder / "catalog")
-    ready = folder / "backbone" / "ready.json"
-    log = (folder / "backbone.log").open("w")
-    proc = subprocess.Popen([
-        sys.executable, "-m", "dedloc_core.organizer.backbone", "--experiment", experiment["id"],
-        "--catalog", str(catalog), "--trusted-key", str(key), "--run-dir", str(folder / "backbone"),
-        "--ready-file", str(ready), "--listen", "/ip4/127.0.0.1/tcp/0", "--http-port", "0" if http else "-1",
-        "--poll", poll, *extra],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home")})
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, (folder / "backbone.log").read_text()[-3000:]
-        time.sleep(0.3)
-    return proc, json.loads(ready.read_text()), key.read_text().split()[1]
+    backbone = BackboneProcess([
+        "--experiment", experiment["id"], "--catalog", str(catalog), "--trusted-key", str(key),
+        "--listen", "/ip4/127.0.0.1/tcp/0", "--http-port", "0" if http else "-1", "--poll", poll, *extra],
+        folder / "backbone", folder / "backbone.log", env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home")})
+    ready = backbone.start(timeout=120)
+    return backbone, ready, key.read_text().split()[1]
 
 
 def scheduling_classes(pid: int) -> tuple[int | None, list[int]]:

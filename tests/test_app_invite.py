@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import tiny_experiment
-from desktop import need, stop, xvfb
+from desktop import need, xvfb
 from swarmpeer import start_backbone
 from test_invite_worker import free_port, secret_service  # noqa: F401 - the fixture
 
@@ -63,4 +63,4 @@ def test_join_asks_for_the_code_keeps_it_in_the_keyring_and_shows_a_revoked_invi
         for name in seen["saved"]:
             assert (SCREENS / name).stat().st_size > 5000
     finally:
-        stop(backbone, 60)
+        backbone.stop(60)

@@ -130,8 +130,7 @@ def test_invited_volunteers_redeem_train_and_renew(secret_service, tmp_path, mon
         refused = set(re.findall(r"Refused peer (\w+)", (tmp_path / "backbone.log").read_text()[len(before):]))
         assert refused <= {victim}, (refused, victim)
     finally:
-        backbone.terminate()
-        backbone.wait(timeout=30)
+        backbone.stop(timeout=30)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import tiny_experiment
-from desktop import need, stop, xvfb
+from desktop import need, xvfb
 from swarmpeer import start_backbone
 
 from dedloc_core.catalog import sources
@@ -71,4 +71,4 @@ def test_a_volunteer_joins_from_the_organizers_link_and_shows_on_the_dashboard(t
                  http)
         assert (SCREENS / "dashboard.png").stat().st_size > 5000
     finally:
-        stop(backbone, 60)
+        backbone.stop(60)

@@ -447,7 +447,6 @@ def test_volunteers_that_use_the_dht_without_serving_it_average_and_serve_it_whe
         for p, i in zip(peers, ids, strict=True):
             assert not _answers_dht_ping(probe, i), f"{p.describe()} served while the backbone was up"
         backbone.kill()
-        backbone.wait(timeout=30)
         before = [p.rounds for p in peers]
         wait_until(peers, lambda: all(p.rounds >= r + 3 for p, r in zip(peers, before, strict=True)), 240,
                    f"the volunteers should average without the backbone (rounds when it died: {before})")
@@ -455,6 +454,4 @@ def test_volunteers_that_use_the_dht_without_serving_it_average_and_serve_it_whe
     finally:
         if probe is not None:
             probe.shutdown()
-        if backbone.poll() is None:
-            backbone.terminate()
-            backbone.wait(timeout=30)
+        backbone.stop(timeout=30)

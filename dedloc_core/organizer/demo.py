@@ -7,10 +7,8 @@ global steps or Ctrl-C and leaves no process behind.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,9 +17,10 @@ from pathlib import Path
 
 import msgspec
 
+from dedloc_core.backboneproc import BackboneProcess
 from dedloc_core.errors import EXIT_EXPLAINED, EXIT_INTERRUPTED, DedlocError, report, user_message
 from dedloc_core.protocol import Error, Limits, Progress, Start, State
-from dedloc_core.workerproc import WorkerProcess, dedloc_command
+from dedloc_core.workerproc import WorkerProcess
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 class Demo:
     def __init__(self, args: argparse.Namespace, root: Path):
         self.args, self.root = args, root
-        self.backbone: subprocess.Popen | None = None
+        self.backbone: BackboneProcess | None = None
         self.workers: list[WorkerProcess] = []
         self.views: list[PeerView] = []
         self.recorder = None  # statsrecorder.StatsRecorder of the first volunteer, with --stats-db
@@ -100,22 +99,10 @@ class Demo:
         return msgspec.to_builtins(exp)
 
     def _start_backbone(self) -> dict:
-        ready_file = self.root / "backbone" / "ready.json"
-        log = open(self.root / "backbone.log", "w")  # closed with the process
-        self.backbone = subprocess.Popen(
-            dedloc_command("backbone", "--experiment", self.args.experiment,
-                           "--run-dir", str(self.root / "backbone"), "--ready-file", str(ready_file)),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            env={**os.environ, "DEDLOC_HOME": str(self.root / "backbone-home")},
-        )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.backbone.poll() is not None:
-                raise DedlocError(f"The backbone exited; see {self.root / 'backbone.log'}", title="Demo")
-            if ready_file.exists():
-                return json.loads(ready_file.read_text())
-            time.sleep(0.2)
-        raise DedlocError("The backbone did not come up within 120 s.", title="Demo")
+        self.backbone = BackboneProcess(["--experiment", self.args.experiment], self.root / "backbone",
+                                        self.root / "backbone.log",
+                                        env={**os.environ, "DEDLOC_HOME": str(self.root / "backbone-home")})
+        return self.backbone.start(timeout=120)
 
     def _start_worker(self, i: int, experiment: dict, ready: dict) -> None:
         home = self.root / f"peer{i}"
@@ -205,7 +192,7 @@ class Demo:
     def _save_swarm(self) -> None:
         """Keep the backbone's last swarm summary as ``swarm.json`` in the demo's directory."""
         url = self.ready.get("http_url")
-        if not url or self.backbone is None or self.backbone.poll() is not None:
+        if not url or self.backbone is None or not self.backbone.running():
             return
         from dedloc_core.stats.swarmview import SwarmUnavailable, fetch_summary
 
@@ -230,17 +217,7 @@ class Demo:
         for worker in self.workers:
             worker.stop(timeout=20)
         if self.backbone is not None:
-            if self.backbone.poll() is None:
-                self.backbone.terminate()  # the backbone saves a checkpoint and shuts hivemind down
-                try:
-                    self.backbone.wait(30)
-                except subprocess.TimeoutExpired:
-                    pass
-            try:
-                os.killpg(self.backbone.pid, signal.SIGKILL)  # whatever is left of its group
-            except ProcessLookupError:
-                pass
-            self.backbone.wait(5)
+            self.backbone.stop(timeout=30)  # it saves a checkpoint and shuts hivemind down
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from swarmpeer import SwarmPeer, wait_until
 
+from dedloc_core.backboneproc import BackboneProcess
 from dedloc_core.catalog import generate_keypair, load_private_key, sign_catalog
 from dedloc_core.protocol import Limits, Start
 from dedloc_core.workerproc import SOCKET_DIR_ENV, SOCKET_DIR_PREFIX, WorkerProcess, remove_socket_dir
@@ -37,33 +38,22 @@ def signed_catalog(experiment: dict, folder: Path) -> tuple[Path, Path]:
     return folder / "catalog.json", folder / "netlab.pub"
 
 
-class Backbone:
-    """``dedloc backbone`` in ``host``'s namespace, listening on its public address."""
+class Backbone(BackboneProcess):
+    """``dedloc backbone`` in ``host``'s namespace, listening on its public address; started at once,
+    up after ``wait_ready()``."""
 
     def __init__(self, lab: Lab, host: Host, experiment: dict, folder: Path, *extra_args: str):
         catalog, key = signed_catalog(experiment, folder / "catalog")
         sockets = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)  # hivemind_ext.socket_dir
-        self.ready_file = folder / "backbone" / "ready.json"
-        self.log = folder / "backbone.log"
-        self.proc = lab.popen(host, [
-            sys.executable, "-m", "dedloc_core.organizer.backbone", "--experiment", experiment["id"],
-            "--catalog", str(catalog), "--trusted-key", str(key), "--run-dir", str(folder / "backbone"),
-            "--ready-file", str(self.ready_file), "--listen", f"/ip4/{host.ip}/tcp/{BACKBONE_PORT}",
-            "--http-host", host.ip, "--http-port", str(HTTP_PORT), "--poll", "2", *extra_args],
-            stdin=subprocess.DEVNULL, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-            env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home"), SOCKET_DIR_ENV: sockets})
+        super().__init__([
+            "--experiment", experiment["id"], "--catalog", str(catalog), "--trusted-key", str(key),
+            "--listen", f"/ip4/{host.ip}/tcp/{BACKBONE_PORT}", "--http-host", host.ip, "--http-port", str(HTTP_PORT),
+            "--poll", "2", *extra_args], folder / "backbone", folder / "backbone.log",
+            env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home"), SOCKET_DIR_ENV: sockets},
+            launcher=lab.launcher(host))
+        self.start(timeout=None)
+        host.processes.append(self.proc)  # the lab kills it at close
         lab.after_close(lambda: remove_socket_dir(sockets))  # (the lab kills it: it removes none)
-
-    def wait_ready(self, timeout: float = 120) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the backbone exited:\n{self.log.read_text()[-3000:]}")
-            if self.ready_file.exists():
-                self.ready = json.loads(self.ready_file.read_text())
-                return self.ready
-            time.sleep(0.3)
-        raise RuntimeError(f"the backbone did not come up:\n{self.log.read_text()[-3000:]}")
 
 
 class Peer(SwarmPeer):
