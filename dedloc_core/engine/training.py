@@ -18,7 +18,7 @@ import psutil
 import torch
 
 from dedloc_core import paths, proctree
-from dedloc_core.catalog.model import experiment_from
+from dedloc_core.catalog.model import Experiment, experiment_from
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
 
@@ -72,24 +72,56 @@ class Session:
     # ---- setup / teardown -------------------------------------------------------------------
 
     def __enter__(self) -> Session:
+        exp = self.experiment = self._read_experiment()
+        clock = _Phases()
+        shard_paths = self._fetch_data()
+        clock.lap("data")
+        self._prepare_process()
+        self._build_model(shard_paths)
+        clock.lap("model")
+        self._hold_while_paused("preparing", f"Preparing {exp.title}")  # paused while starting: join later
+        self._state("joining", f"Joining the swarm of {exp.title}")
+        cfg = self._swarm_config()
+        download = self._join(cfg, clock)
+        self._build_optimizer(cfg, download, clock)
+        self.on_gpu = self._on_gpu()
+        self.gate = limits.PauseGate(self._should_hold, self._pause)
+        self.gate.attach(self.model)  # pauses inside forward and backward, not only between batches
+        self.peer_id = str(self.dht.peer_id)
+        self.maddrs = [str(m) for m in self.dht.get_visible_maddrs(latest=True)]
+        clock.lap("state" if exp.mode != "diloco" else "optimizer")
+        logger.info("Joined run %s as %s", exp.run_id, self.peer_id)
+        logger.info("Ready to train %s", clock)
+        self._start_watchers(cfg)
+        return self
+
+    def _read_experiment(self) -> Experiment:
         try:
-            self.experiment = experiment_from(self.start.experiment)
+            return experiment_from(self.start.experiment)
         except ValueError as exc:
             raise WorkerError(f"The experiment description is invalid: {exc}", code="bad_experiment") from exc
+
+    def _fetch_data(self) -> list:
+        """The paths of the experiment's shards, once fetched (the worker may have begun already)."""
         exp = self.experiment
-        clock = _Phases()
         if self._shards is None:
             self._state("preparing", f"Fetching data for {exp.title}")
             self._shards = fetch_in_background(exp.data.shards, self.start.data_base_url or exp.data.base_url)
-        shard_paths = self._shards.result()
-        clock.lap("data")
+        return self._shards.result()
 
-        limits.lower_priority(limits.worker_nice())  # before hivemind forks and torch starts threads
+    def _prepare_process(self) -> None:
+        """Process-wide setup, before hivemind forks and torch starts threads."""
+        exp = self.experiment
+        limits.lower_priority(limits.worker_nice())
         swarm.prepare_process()
         swarm.p2pd_on_one_thread()
         robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)  # before hivemind forks
         self._apply_limits()
         self.control.on_limits = functools.partial(limits.apply_network_over, self.start.limits)
+
+    def _build_model(self, shard_paths: list) -> None:
+        """The recipe, its model (on the GPU if the limits allow it) and the batches over our shards."""
+        exp = self.experiment
         self.recipe = load_recipe(exp.recipe, exp.recipe_params)
         self.model = self.recipe.build_model(seed=0)
         if limits.gpu_wanted(self.limits):  # the device is chosen once; use_gpu=False later pauses
@@ -97,12 +129,12 @@ class Session:
         self.batch_size = self.start.batch_size or exp.batch_size_per_step
         self.batches = self.recipe.batches(shard_paths, self.batch_size, seed=self.start.seed)
         self.torch = torch
-        clock.lap("model")
 
-        self._hold_while_paused("preparing", f"Preparing {exp.title}")  # paused while starting: join later
-        self._state("joining", f"Joining the swarm of {exp.title}")
+    def _swarm_config(self) -> swarm.SwarmConfig:
+        """The experiment's swarm settings with this worker's own (addresses, identity, limits)."""
+        exp = self.experiment
         identity_path = self.start.identity_path or str(paths.data_dir() / "identity.key")  # stable peer id
-        cfg = swarm.config_for(
+        return swarm.config_for(
             exp, role="volunteer",
             batch_size_per_step=self.batch_size,
             initial_peers=self.start.initial_peers if self.start.initial_peers is not None else exp.initial_peers,
@@ -115,6 +147,11 @@ class Session:
             grad_compression=self.start.grad_compression or "fp16",
             reachability=self.start.reachability,
         )
+
+    def _join(self, cfg: swarm.SwarmConfig, clock: _Phases) -> Future | None:
+        """Join the swarm (an invite-only experiment's token first): sets ``dht``, ``reachability``
+        and ``public_key``; returns the download of the swarm's state begun meanwhile, or None."""
+        exp = self.experiment
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
         token = None
         if exp.needs_token:  # invite-only: a token from the backbone, checked by every peer (gate.py)
@@ -131,29 +168,28 @@ class Session:
         if exp.needs_token:
             self.renewer = invited.Renewer(exp, identity, self.token_holder,
                                            lambda t: gate.publish(self.dht, t, subkey=self.public_key))
+        return download
+
+    def _build_optimizer(self, cfg: swarm.SwarmConfig, download: Future | None, clock: _Phases) -> None:
+        """The experiment's optimizer; a synchronous swarm's newcomer then loads the swarm's state."""
+        exp = self.experiment
         if exp.mode == "diloco":
             self.optimizer = DilocoOptimizer(
                 self.dht, exp.run_id, self.model, self.recipe, exp.diloco, batch_size=self.batch_size,
                 matchmaking_time=exp.matchmaking_time, averaging_timeout=exp.averaging_timeout,
                 client_mode=swarm.averaging_client_mode(self.dht))
             self.param_digest = lambda _model: self.optimizer.outer_digest()  # identical on synced peers
-        else:
-            self._hold_while_paused("joining", f"Joining the swarm of {exp.title}")  # seconds of CPU
-            state = download
-            self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
-            self.param_digest = swarm.param_digest
-            if os.environ.get("DEDLOC_IDLE_LOOP", "1") == "1":
-                limits.training_below_helpers()  # its DHT and averagers are forked by now
-            clock.lap("optimizer")
-            self._catch_up(state)
-        self.on_gpu = self._on_gpu()
-        self.gate = limits.PauseGate(self._should_hold, self._pause)
-        self.gate.attach(self.model)  # pauses inside forward and backward, not only between batches
-        self.peer_id = str(self.dht.peer_id)
-        self.maddrs = [str(m) for m in self.dht.get_visible_maddrs(latest=True)]
-        clock.lap("state" if exp.mode != "diloco" else "optimizer")
-        logger.info("Joined run %s as %s", exp.run_id, self.peer_id)
-        logger.info("Ready to train %s", clock)
+            return
+        self._hold_while_paused("joining", f"Joining the swarm of {exp.title}")  # seconds of CPU
+        self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
+        self.param_digest = swarm.param_digest
+        if os.environ.get("DEDLOC_IDLE_LOOP", "1") == "1":
+            limits.training_below_helpers()  # its DHT and averagers are forked by now
+        clock.lap("optimizer")
+        self._catch_up(download)
+
+    def _start_watchers(self, cfg: swarm.SwarmConfig) -> None:
+        """The watchdog that finds the swarm again after an outage, and the DHT fallback."""
         # on loopback no link goes down; elsewhere a watchdog finds the swarm again after an outage
         self._watchdog = Watchdog(self.dht, [] if only_loopback(cfg.host_maddrs) else cfg.initial_peers,
                                   relayed=self.reachability == VIA_RELAY)
@@ -162,7 +198,6 @@ class Session:
             self.dht, cfg.initial_peers if getattr(self.dht, "dedloc_dht_client", False) else [],
             lost_since=(lambda: self._watchdog.lost_since) if self._watchdog.peers else None)
         self._relay_ok_reported = True
-        return self
 
     def _on_dht(self, cfg, token: str | None, dht) -> None:
         """A DHT is up (``reachability.join`` may still find it unreachable and start another):
