@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import getpass
 import hashlib
-import os
 import re
 from collections.abc import Callable
 
 from PySide6.QtCore import QObject
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
+from dedloc_core import environ
+
 
 def default_name() -> str:
     """One name per user (and per ``DEDLOC_HOME``: a test's or a benchmark's app is an app apart)."""
     name = "dedloc-volunteer-" + re.sub(r"[^A-Za-z0-9_.-]", "_", getpass.getuser())
-    home = os.environ.get("DEDLOC_HOME")
+    home = environ.HOME.optional()
     return name + "-" + hashlib.sha256(home.encode()).hexdigest()[:8] if home else name
 
 

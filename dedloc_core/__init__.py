@@ -18,7 +18,7 @@ The code is organized in rooms, one package each, and a few shared light modules
   reading validation errors, field metadata),
   ``autostart`` (start at login), ``workerproc`` (starting and stopping a worker, no Qt),
   ``backboneproc`` (the same for a backbone node), ``proctree`` (stopping a process with everything
-  it started), ``cli`` (the ``dedloc`` command).
+  it started), ``environ`` (the ``DEDLOC_*`` environment variables), ``cli`` (the ``dedloc`` command).
 
 The line: only ``engine`` imports torch or hivemind. Everything else is light (the tray app may
 import it) and never imports the engine, except ``cli`` and ``organizer.backbone``, which start it

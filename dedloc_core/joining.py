@@ -10,33 +10,32 @@ the backbone's dial-back can tell whether this peer is reachable).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from urllib.parse import urljoin
 
 import msgspec
 
-from . import paths
+from . import environ, paths
 from .catalog import Experiment
 from .prefs import Preferences
 from .protocol import Limits, Start
 
 
 def catalog_url() -> str | None:
-    return os.environ.get("DEDLOC_CATALOG_URL") or None
+    return environ.CATALOG_URL.optional()
 
 
 def extra_peers() -> list[str]:
-    return os.environ.get("DEDLOC_INITIAL_PEERS", "").split()
+    return environ.INITIAL_PEERS.words()
 
 
 def listen_maddrs() -> list[str]:
-    return os.environ.get("DEDLOC_LISTEN", "").split() or ["/ip4/0.0.0.0/tcp/0"]
+    return environ.LISTEN.words()
 
 
 def trusted_key_paths() -> list[Path] | None:
     """Folders of trusted keys: the shipped ones plus ``DEDLOC_TRUSTED_KEYS``; None = shipped only."""
-    extra = os.environ.get("DEDLOC_TRUSTED_KEYS")
+    extra = environ.TRUSTED_KEYS.optional()
     if not extra:
         return None
     from importlib import resources
@@ -48,11 +47,7 @@ def trusted_key_paths() -> list[Path] | None:
 def progress_period() -> float:
     """Seconds between the worker's progress reports: 1, or ``DEDLOC_PROGRESS_PERIOD`` (benchmarks
     speed the events up with it; a value that is not a positive number is ignored)."""
-    try:
-        value = float(os.environ.get("DEDLOC_PROGRESS_PERIOD", "1"))
-    except ValueError:
-        return 1.0
-    return value if 0 < value <= 3600 else 1.0
+    return environ.PROGRESS_PERIOD.number(0, 3600)
 
 
 def swarm_summary_url(catalog: str | None) -> str | None:

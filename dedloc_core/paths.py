@@ -10,11 +10,13 @@ from pathlib import Path
 
 import platformdirs
 
+from . import environ
+
 APP_NAME = "dedloc-volunteer"
 
 
 def _dir(kind: str) -> Path:
-    override = os.environ.get("DEDLOC_HOME")
+    override = environ.HOME.optional()
     if override:
         path = Path(override) / kind
     else:

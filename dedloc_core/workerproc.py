@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from . import proctree
+from . import environ, proctree
 from .errors import ProtocolError, WorkerError
 from .proctree import StopResult
 from .protocol import PROTOCOL_VERSION, Error, Hello, Stop, decode_event, encode
@@ -45,7 +45,7 @@ def worker_command() -> list[str]:
 
 # The folder where the worker's hivemind puts its unix sockets (hivemind_ext.socket_dir): one per
 # worker, removed once its process group is gone, so a killed worker leaves no socket file behind.
-SOCKET_DIR_ENV = "DEDLOC_SOCKET_DIR"
+SOCKET_DIR_ENV = environ.SOCKET_DIR.name
 SOCKET_DIR_PREFIX = "dedloc-p2p-"
 
 # Events kept for ``wait_for`` when nobody passed ``on_event``; beyond this the oldest are dropped

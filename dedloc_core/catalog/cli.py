@@ -19,6 +19,7 @@ from pathlib import Path
 
 import msgspec
 
+from dedloc_core import environ
 from dedloc_core.errors import EXIT_EXPLAINED, CatalogError, DedlocError, report, user_message
 
 from . import sources
@@ -36,7 +37,7 @@ from .store import CatalogStore, fetch_catalog
 
 
 def _passphrase(confirm: bool) -> str:
-    env = os.environ.get(PASSPHRASE_ENV)
+    env = environ.CATALOG_PASSPHRASE.optional()
     if env:
         return env
     try:

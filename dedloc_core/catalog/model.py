@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlsplit
 import msgspec
 from msgspec import Meta
 
+from dedloc_core import environ
 from dedloc_core.errors import CatalogError, RecipeError
 from dedloc_core.schema import problem
 
@@ -32,7 +33,7 @@ __all__ = [
 
 ENVELOPE_FORMAT = "dedloc-catalog/1"
 MAX_CATALOG_BYTES = 4 * 2**20
-PASSPHRASE_ENV = "DEDLOC_CATALOG_PASSPHRASE"
+PASSPHRASE_ENV = environ.CATALOG_PASSPHRASE.name
 
 _TITLES = {
     "malformed": "Catalog unreadable",

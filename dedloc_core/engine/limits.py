@@ -18,13 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import torch
 
+from dedloc_core import environ
 from dedloc_core.protocol import Limits
 
 from . import bandwidth
 
 logger = logging.getLogger(__name__)
 
-NICE = 19
+NICE = int(environ.WORKER_NICE.default)  # the worker's nice value: the lowest priority there is
 
 
 def lower_priority(nice: int | None = None) -> None:
@@ -200,7 +201,4 @@ class PauseGate:
 
 def worker_nice() -> int:
     """The worker's nice value: 19, or ``DEDLOC_WORKER_NICE`` (tests on a shared machine)."""
-    try:
-        return int(os.environ.get("DEDLOC_WORKER_NICE", NICE))
-    except ValueError:
-        return NICE
+    return environ.WORKER_NICE.integer()

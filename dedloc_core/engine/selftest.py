@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from dedloc_core import __version__, paths
+from dedloc_core import __version__, environ, paths
 from dedloc_core.errors import DedlocError, report, user_message
 from dedloc_core.protocol import Error, Limits, Progress, Start, State
 from dedloc_core.workerproc import StopResult, WorkerProcess
@@ -125,7 +125,7 @@ def _train(args: argparse.Namespace, root: Path, experiment: dict, data_url: str
     log_path = root / "worker.log"
     deadline = time.monotonic() + args.timeout
     with open(log_path, "w") as log:
-        worker = WorkerProcess(env={**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_LOG_LEVEL": "WARNING"},
+        worker = WorkerProcess(env={**os.environ, environ.HOME.name: str(home), environ.LOG_LEVEL.name: "WARNING"},
                                stderr=log)
         try:
             try:

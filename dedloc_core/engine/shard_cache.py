@@ -38,8 +38,6 @@ except ImportError:  # Windows: the worker does not run there; threads still tak
 
 __all__ = ["Progress", "Shard", "ShardCache", "fetch_in_background", "resolve_url"]
 
-DEFAULT_CACHE_BYTES = 2 * 2**30  # DEDLOC_CACHE_BYTES overrides
-
 logger = logging.getLogger(__name__)
 
 
@@ -369,13 +367,13 @@ def _touch(path: Path) -> None:
 def fetch_in_background(shards: Sequence[Shard], base_url: str | None) -> Future:
     """``fetch_all`` into the worker's cache on a thread (the worker imports torch and hivemind
     meanwhile): a future of the local paths; ``result()`` raises what the fetch raised."""
-    from dedloc_core import paths
+    from dedloc_core import environ, paths
 
     future: Future = Future()
 
     def run() -> None:
         try:
-            limit = int(os.environ.get("DEDLOC_CACHE_BYTES", DEFAULT_CACHE_BYTES))
+            limit = environ.CACHE_BYTES.integer()
             future.set_result(ShardCache(paths.cache_dir() / "shards", max_bytes=limit).fetch_all(shards, base_url))
         except BaseException as exc:  # handed to whoever waits for the data
             future.set_exception(exc)

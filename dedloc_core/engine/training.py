@@ -17,7 +17,7 @@ from concurrent.futures import Future
 import psutil
 import torch
 
-from dedloc_core import paths, proctree
+from dedloc_core import environ, paths, proctree
 from dedloc_core.catalog.model import Experiment, experiment_from
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
@@ -183,7 +183,7 @@ class Session:
         self._hold_while_paused("joining", f"Joining the swarm of {exp.title}")  # seconds of CPU
         self.optimizer = swarm.build_optimizer(self.dht, cfg, self.model, self.recipe)
         self.param_digest = swarm.param_digest
-        if os.environ.get("DEDLOC_IDLE_LOOP", "1") == "1":
+        if environ.IDLE_LOOP.flag():
             limits.training_below_helpers()  # its DHT and averagers are forked by now
         clock.lap("optimizer")
         self._catch_up(download)

@@ -19,7 +19,7 @@ import threading
 
 import msgspec
 
-from dedloc_core import __version__
+from dedloc_core import __version__, environ
 from dedloc_core.errors import EXIT_EXPLAINED, EXIT_UNEXPECTED, DedlocError, WorkerError, user_message
 from dedloc_core.protocol import Error, Hello, Start, State, Stop
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dedloc worker", description=__doc__.splitlines()[0])
     parser.add_argument("--event-fd", type=int, default=None, help="write events to this fd (default stdout)")
-    parser.add_argument("--log-level", default=os.environ.get("DEDLOC_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", default=environ.LOG_LEVEL.text())
     args = parser.parse_args(argv)
 
     event_fd = args.event_fd if args.event_fd is not None else os.dup(1)

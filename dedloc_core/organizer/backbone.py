@@ -22,7 +22,6 @@ import argparse
 import csv
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -30,7 +29,7 @@ from contextlib import ExitStack
 from importlib import resources
 from pathlib import Path
 
-from dedloc_core import paths
+from dedloc_core import environ, paths
 from dedloc_core.catalog import load_trusted_keys, public_key_line, verify_catalog
 from dedloc_core.errors import DedlocError, report, user_message
 from dedloc_core.invites import InviteError
@@ -73,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
-        level=os.environ.get("DEDLOC_LOG_LEVEL", "INFO"),
+        level=environ.LOG_LEVEL.text(),
         format="%(asctime)s %(levelname)s [backbone] %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -143,7 +142,7 @@ class Backbone:
         if not exp.invite_key:
             raise InviteError("invite_unconfigured", f"{exp.id} is invite-only (needs_token) but its catalog entry "
                                                      "has no invite_key: see `dedloc invite keygen`.")
-        key = invites.load_key(self.run_dir, os.environ.get(invites.PASSPHRASE_ENV))
+        key = invites.load_key(self.run_dir, environ.INVITE_PASSPHRASE.optional())
         lifetime = self.args.token_lifetime or invites.DEFAULT_LIFETIME
         issuer = invites.Issuer(invites.InviteStore(self.run_dir), key, exp.run_id, lifetime)
         if issuer.public_key_text != exp.invite_key:

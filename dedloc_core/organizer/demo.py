@@ -17,6 +17,7 @@ from pathlib import Path
 
 import msgspec
 
+from dedloc_core import environ
 from dedloc_core.backboneproc import BackboneProcess
 from dedloc_core.errors import EXIT_EXPLAINED, EXIT_INTERRUPTED, DedlocError, report, user_message
 from dedloc_core.protocol import Error, Limits, Progress, Start, State
@@ -101,7 +102,7 @@ class Demo:
     def _start_backbone(self) -> dict:
         self.backbone = BackboneProcess(["--experiment", self.args.experiment], self.root / "backbone",
                                         self.root / "backbone.log",
-                                        env={**os.environ, "DEDLOC_HOME": str(self.root / "backbone-home")})
+                                        env={**os.environ, environ.HOME.name: str(self.root / "backbone-home")})
         return self.backbone.start(timeout=120)
 
     def _start_worker(self, i: int, experiment: dict, ready: dict) -> None:
@@ -120,7 +121,7 @@ class Demo:
                 r.on_event(event)
 
         worker = WorkerProcess(
-            env={**os.environ, "DEDLOC_HOME": str(home)},
+            env={**os.environ, environ.HOME.name: str(home)},
             stderr=open(self.root / f"peer{i}.log", "w"),
             on_event=on_event,
         )

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import os
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dedloc_core import environ
 from dedloc_core.errors import DedlocError, report
 from dedloc_core.invites import InviteError
 
@@ -27,7 +27,7 @@ def _when(ts: float | None) -> str:
 
 
 def _passphrase() -> str:
-    env = os.environ.get(invites.PASSPHRASE_ENV)
+    env = environ.INVITE_PASSPHRASE.optional()
     if env:
         return env
     try:

@@ -24,13 +24,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dedloc_core import environ
 from dedloc_core import invites as tokens
 from dedloc_core.errors import DedlocError
 from dedloc_core.invites import InviteError
 
 DB_NAME = "invites.db"
 KEY_NAME = "issuer.key"
-PASSPHRASE_ENV = "DEDLOC_INVITE_PASSPHRASE"
+PASSPHRASE_ENV = environ.INVITE_PASSPHRASE.name
 DEFAULT_LIFETIME = 1800.0  # seconds a token is valid; a peer renews it at half
 _ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I/L
 MAX_BODY = 16 * 1024
