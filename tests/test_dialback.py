@@ -7,8 +7,8 @@ host's non-loopback address, and callers that connect over loopback or over that
 
 from __future__ import annotations
 
-import pytest
 import psutil
+import pytest
 
 from tests import probes
 

@@ -66,7 +66,6 @@ REPLACES = [
     "hivemind.utils.mpfuture.MPFuture._set_event_threadsafe",
     "hivemind.averaging.control.StepControl.__del__",
 ]
-ENV = "DEDLOC_HELPER_THREADS"
 
 _installed = False
 
@@ -76,7 +75,9 @@ def install(which: str | None = None) -> None:
     "none"; by default what ``DEDLOC_HELPER_THREADS`` says ("none"). Call before creating a DHT."""
     global _installed
     if which is None:
-        which = os.environ.get(ENV, "none")
+        from dedloc_core import environ
+
+        which = environ.HELPER_THREADS.text()
     if _installed or which == "none":
         return
     if which not in ("dht", "all"):

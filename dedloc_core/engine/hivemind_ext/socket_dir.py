@@ -26,9 +26,9 @@ REPLACES = ["hivemind.p2p.p2p_daemon.P2P.create", "hivemind.p2p.p2p_daemon.P2P.r
 def install() -> None:
     from hivemind.p2p.p2p_daemon import P2P
 
-    from dedloc_core.workerproc import SOCKET_DIR_ENV
+    from dedloc_core import environ
 
-    folder = os.environ.get(SOCKET_DIR_ENV)
+    folder = environ.SOCKET_DIR.optional()
     # (a unix socket's path holds at most 107 bytes; hivemind's names take 40)
     if folder and os.path.isdir(folder) and len(os.path.abspath(folder)) <= 60:
         P2P._UNIX_SOCKET_PREFIX = f"/unix{os.path.abspath(folder)}/hivemind-"
