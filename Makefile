@@ -1,4 +1,4 @@
-# Two entry points: `make demo` and `make test`. Both create .venv from the pinned lock first.
+# Two entry points: `make demo` and `make test` (`make test-fast` for the development loop). Both create .venv from the pinned lock first.
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -20,6 +20,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest tests
 
+# The development loop's tier (a few minutes on 2 cores): no workers, swarms, desktops or network
+# labs (the tests marked slow). CI runs everything (`make test`).
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -m "not slow and not installer" tests
+
 # The Linux packages (dist/dedloc/dedloc, the .deb and the .tar.gz); see installers/README.md.
 bundle: $(STAMP)
 	PYTHON=$(VENV)/bin/python bash installers/build_linux.sh
@@ -31,4 +36,4 @@ installer-test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dedloc_core app tests bench
 
-.PHONY: setup demo test lint bundle installer-test
+.PHONY: setup demo test test-fast lint bundle installer-test

@@ -21,6 +21,8 @@ from dedloc_core.protocol import Progress, State, Stats
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):

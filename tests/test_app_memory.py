@@ -62,6 +62,7 @@ def _close(window: psutil.Process, wid: str, env: dict) -> None:
     raise AssertionError("the window did not close after alt+F4, three times")
 
 
+@pytest.mark.slow  # the tray on an X server
 @pytest.mark.timeout(300)
 def test_the_tray_does_not_grow_when_the_window_opens_on_every_page_and_closes(tmp_path):
     need("Xvfb", "xdpyinfo", "openbox", "trayer", "xdotool")

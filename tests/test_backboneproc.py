@@ -10,6 +10,8 @@ from dedloc_core.backboneproc import BackboneProcess
 from dedloc_core.errors import DedlocError
 from dedloc_core.proctree import StopResult
 
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 
 def test_a_backbone_that_exits_before_it_is_up_is_an_error_with_its_log(tmp_path):
     (tmp_path / "backbone").mkdir()

@@ -13,6 +13,8 @@ from probes import probe_json
 
 from dedloc_core.engine import bandwidth
 
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 
 @pytest.fixture
 def caps():

@@ -6,7 +6,10 @@ when the download began is loaded again, as hivemind does. Real hivemind DHTs on
 
 from __future__ import annotations
 
+import pytest
 from probes import run_probe
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
 
 PROBE = """
 import sys, time

@@ -106,6 +106,7 @@ def rows(dom: str) -> list[list[str]]:
             for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body.group(1), re.S)]
 
 
+@pytest.mark.slow  # a headless browser
 def test_dashboard_in_headless_chromium(tmp_path, key_line):
     page = dashboard.render(experiment(needs_token=True), key_line, contact="invites@example.org")
     with serve(page, swarm_view().to_json) as server:
@@ -130,6 +131,7 @@ def test_dashboard_in_headless_chromium(tmp_path, key_line):
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # a headless browser
 def test_dashboard_when_swarm_json_fails(tmp_path, key_line):
     page = dashboard.render(experiment(), key_line)
     with serve(page) as server:  # no /swarm.json: every fetch gets a 404

@@ -12,6 +12,8 @@ import pytest
 
 from tests import probes
 
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 PROBE = """
 import json, socket, sys, tempfile, threading, time
 import hivemind

@@ -6,7 +6,10 @@ newcomer's does."""
 
 from __future__ import annotations
 
+import pytest
 from probes import probe_json
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
 
 SERVED = """
 import json, sys, time

@@ -4,7 +4,10 @@ gradients. Real hivemind optimizers on a loopback DHT, in a fresh interpreter ea
 
 from __future__ import annotations
 
+import pytest
 from probes import probe_json
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
 
 PROBE = """
 import dataclasses, json, sys, torch

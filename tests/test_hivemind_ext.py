@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from probes import probe_json, run_probe
 
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # As in hivemind's background loops: a task nobody keeps awaits a future only it holds (an MPFuture

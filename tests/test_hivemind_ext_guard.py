@@ -20,6 +20,8 @@ from probes import ROOT, probe_json
 
 from dedloc_core.engine import hivemind_ext
 
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 
 def test_the_install_order_installs_what_an_extension_wraps_first():
     hivemind_ext.check_order()

@@ -26,6 +26,7 @@ def xdisplay(monkeypatch):
         yield display
 
 
+@pytest.mark.slow  # an X server
 def test_x11_idle_grows_and_input_resets_it(xdisplay):
     need("xdotool")
     source = idle.X11Idle()
@@ -44,6 +45,7 @@ def test_x11_idle_grows_and_input_resets_it(xdisplay):
     source.close()
 
 
+@pytest.mark.slow  # an X server
 def test_detect_picks_x11_when_a_display_answers(xdisplay, monkeypatch):
     monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")

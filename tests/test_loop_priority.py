@@ -9,7 +9,7 @@ import os
 import pytest
 from probes import probe_json, run_probe
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")]
 
 PROBE = """
 import json, os, sys, threading, time

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from probes import probe_json
 
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 PROBE = """
 import copy, json, sys, torch
 from dedloc_core.engine import hivemind_ext

@@ -4,7 +4,10 @@ last report with samples in it is at most one epoch old. Real hivemind DHT on lo
 
 from __future__ import annotations
 
+import pytest
 from probes import run_probe
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
 
 PROBE = """
 import time

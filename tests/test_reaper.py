@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
 
 ROOT = Path(__file__).resolve().parents[1]
 

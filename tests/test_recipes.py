@@ -15,6 +15,8 @@ import torch
 from dedloc_core.engine.recipes import load_recipe, text
 from dedloc_core.paths import resource
 
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported (lazily, by albert-mlm)
 
 ROOT = Path(__file__).resolve().parents[1]

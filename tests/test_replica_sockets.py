@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """

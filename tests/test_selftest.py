@@ -8,7 +8,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dedloc_core.errors import EXIT_EXPLAINED
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
 
 
 def selftest(*args: str, home, timeout: float = 240):

@@ -8,7 +8,10 @@ on loopback; the late round is a real StepControl in the stage a late round is i
 
 from __future__ import annotations
 
+import pytest
 from probes import run_probe
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
 
 PROBE = """
 import sys, time

@@ -4,7 +4,10 @@ Real DHTs, a real Optimizer and its averager process, the newcomer's download on
 
 from __future__ import annotations
 
+import pytest
 from probes import probe_json
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
 
 PROBE = """
 import json, time

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from dedloc_core.engine.channel import Control
 from dedloc_core.engine.training import StepWatch
 from dedloc_core.protocol import Pause, Resume
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
 
 
 def wait_for(said: list[str], count: int, timeout: float = 2.0) -> float:

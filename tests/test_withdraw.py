@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import pytest
 from probes import probe_json
+
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
 
 PROBE = """
 import json, time

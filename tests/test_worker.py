@@ -26,6 +26,8 @@ from dedloc_core.organizer.httpserve import FileServer
 from dedloc_core.protocol import MAX_LINE, PROTOCOL_VERSION, Pause, Resume, Start, Stop, decode_event
 from dedloc_core.workerproc import StopResult, WorkerProcess
 
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 START_TIMEOUT = 60.0  # start -> "training": imports torch + hivemind, starts a DHT and p2pd
 # Process start -> "training" for a lone worker: nothing to wait for but its own start (imports,
 # model, DHT, averagers): 23 s measured beside 3 other helpers' load (load average 20) on 2 cores.

@@ -19,6 +19,8 @@ from msgspec.structs import replace
 from dedloc_core.protocol import Stats
 from dedloc_core.workerproc import EVENT_BACKLOG, SOCKET_DIR_ENV, SOCKET_DIR_PREFIX, WorkerProcess
 
+pytestmark = pytest.mark.slow  # starts workers, swarms or hivemind peers: not in make test-fast
+
 BATCH = 8  # the tiny experiment's batch_size_per_step
 
 
