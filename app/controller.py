@@ -391,8 +391,21 @@ class Controller(ControllerView):
         if url:
             from dedloc_core.stats.swarmview import fetch_summary
 
-            self.bridge.run(lambda: fetch_summary(url), self._on_swarm,
+            exp = self.joined
+            self.bridge.run(lambda: fetch_summary(url, token=self._member_token(exp)), self._on_swarm,
                             lambda exc: logger.info("No swarm summary: %s", exc))
+
+    @staticmethod
+    def _member_token(exp) -> str | None:
+        """An invite-only experiment's access token (the worker keeps it in the keyring), sent for the
+        members' swarm summary; without it the backbone sends the public one (no peer ids)."""
+        if not exp.needs_token:
+            return None
+        try:
+            return secrets.get_token(exp.id)
+        except secrets.SecretError as exc:
+            logger.info("No access token for the swarm summary: %s", exc.message)
+            return None
 
     def _on_swarm(self, summary) -> None:
         self.swarm = summary

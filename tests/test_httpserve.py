@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from dedloc_core.organizer.httpserve import FileServer
+from dedloc_core.organizer.httpserve import FileServer, bearer_token
 
 DATA = bytes(range(256)) * 4  # 1024 bytes
 
@@ -216,3 +216,36 @@ def test_stop_is_idempotent_and_closes_the_port() -> None:
 def test_bad_route_paths_are_refused() -> None:
     with pytest.raises(ValueError):
         FileServer({"/a/../b": b""})
+
+
+def test_guard_answers_401_unless_its_check_allows(server: FileServer) -> None:
+    seen: list[str | None] = []
+
+    def allow(headers) -> bool:
+        seen.append(headers.get("Authorization"))
+        if headers.get("Authorization") == "Bearer boom":
+            raise RuntimeError("a broken check")
+        return bearer_token(headers) == "ok"
+
+    server.guard("/shards/", allow, "members only")
+    server.guard("/data.bin", lambda headers: False)
+    for path in ("/shards/a.bin", "/shards/sub/b.json", "/shards/none"):
+        for auth in ({}, {"Authorization": "Bearer no"}, {"Authorization": "Basic ok"},
+                     {"Authorization": "Bearer boom"}):
+            status, headers, body = request(server, path, headers=auth)
+            assert status == 401 and headers["WWW-Authenticate"] == "Bearer", (path, auth)
+            assert body == b"401 Unauthorized: members only\n"
+    assert request(server, "/shards/a.bin", "HEAD")[0] == 401
+    assert request(server, "/shards/a.bin", headers={"Authorization": "Bearer ok"})[2] == b"shard a"
+    assert request(server, "/shards/none", headers={"Authorization": "bearer  ok "})[0] == 404
+    assert request(server, "/data.bin", headers={"Authorization": "Bearer ok"})[0] == 401  # a path, exactly
+    assert request(server, "/catalog")[0] == 200  # unguarded routes are not affected
+    assert "Bearer ok" in seen
+
+
+def test_a_view_is_rendered_for_each_requests_headers(server: FileServer) -> None:
+    server.add_view("/who.json", lambda headers: f'{{"token": "{bearer_token(headers)}"}}'.encode())
+    status, headers, body = request(server, "/who.json", headers={"Authorization": "Bearer abc"})
+    assert status == 200 and headers["Content-Type"] == "application/json" and body == b'{"token": "abc"}'
+    assert request(server, "/who.json")[2] == b'{"token": "None"}'
+    assert request(server, "/who.json", "HEAD")[1]["Content-Length"] == "17"

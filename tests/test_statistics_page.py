@@ -16,11 +16,11 @@ import msgspec
 import pytest
 from PySide6.QtGui import QColor
 
-from app.pages.statistics import HIGHLIGHT, StatisticsPage, human_count
+from app.pages.statistics import HIGHLIGHT, PUBLIC_VIEW, StatisticsPage, human_count
 from dedloc_core.protocol import Hello, State, Stats
 from dedloc_core.stats.db import HOUR, StatsStore
 from dedloc_core.stats.recorder import StatsRecorder
-from dedloc_core.stats.swarmview import SwarmView
+from dedloc_core.stats.swarmview import ANONYMOUS, SwarmView, parse_summary
 
 SCREENS = Path(__file__).resolve().parents[1] / "artifacts" / "screens"
 ME = "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG"
@@ -189,3 +189,22 @@ def test_durations_read_as_h_mm_ss():
 
     assert [human_duration(s) for s in (0, 42.4, 600, 3725, 90061)] == [
         "0:00:00", "0:00:42", "0:10:00", "1:02:05", "25:01:01"]
+
+
+def test_the_public_view_of_an_invite_only_swarm(qtbot, tmp_path):
+    """Without this computer's valid token an invite-only backbone sends no peer ids: the page shows
+    the names and amounts, says it is the public view, and marks no row as "you"."""
+    now = time.time()
+    page = StatisticsPage(tmp_path / "stats.sqlite3", peer_id=ME)
+    qtbot.addWidget(page)
+    summary = swarm_summary(now)
+    public = msgspec.to_builtins(parse_summary(summary))
+    public["leaderboard"] = [{**c, "peer_id": "", "last_seen": 0.0} for c in public["leaderboard"]]
+    public["redacted"] = True
+    page.set_swarm_summary(public)
+    names = [page.board.item(row, 1).text() for row in range(page.board.rowCount())]
+    assert names == ["Alice", "me@home", ANONYMOUS, "Carol's lab"]
+    assert page.my_row() is None and not any(page.board.item(row, 1).font().bold() for row in range(4))
+    assert PUBLIC_VIEW in page.swarm_line.text() and "Global step <b>39</b>" in page.swarm_line.text()
+    page.set_swarm_summary(summary)  # the member's view again (a valid token)
+    assert PUBLIC_VIEW not in page.swarm_line.text() and page.my_row() == 1

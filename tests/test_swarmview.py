@@ -9,8 +9,8 @@ import time
 import pytest
 
 from dedloc_core.organizer.backbone import Recorder
-from dedloc_core.organizer.httpserve import FileServer
-from dedloc_core.stats.swarmview import SwarmUnavailable, SwarmView, fetch_summary, parse_summary
+from dedloc_core.organizer.httpserve import FileServer, bearer_token
+from dedloc_core.stats.swarmview import ANONYMOUS, SwarmUnavailable, SwarmView, fetch_summary, parse_summary
 
 
 class Peer:
@@ -59,3 +59,23 @@ def test_summary_over_http_and_bad_documents():
         with pytest.raises(SwarmUnavailable, match="Could not reach"):
             fetch_summary(fs.url + "missing")
     assert parse_summary(json.loads(view.to_json())).num_peers == 3
+
+
+def test_the_public_summary_names_no_peer_and_a_member_token_is_sent():
+    view = SwarmView("run")
+    view.add_point({"time": 1.0, "step": 4, "loss": 1.5, "samples_per_second": 7.0, "num_peers": 2})
+    view.add_record("QmPatPatPatPatPat11111111", "Pat", 64, 6.4, time.time())
+    view.add_record("QmNoNameNoName22222222", "", 128, 12.8, time.time() - 500)
+    public = view.to_json(public=True)
+    assert b"Qm" not in public and b"22222222" not in public and b"11111111" not in public
+    summary = parse_summary(public)
+    assert summary.redacted and (summary.global_step, summary.num_peers) == (4, 2)
+    assert [(c.name, c.samples, c.active, c.last_seen) for c in summary.leaderboard] == [
+        (ANONYMOUS, 128, False, 0.0), ("Pat", 64, True, 0.0)]
+    assert not parse_summary(view.to_json()).redacted
+
+    with FileServer() as fs:
+        fs.add_view("/swarm.json", lambda headers: view.to_json(public=bearer_token(headers) != "member"))
+        assert fetch_summary(fs.url + "swarm.json").redacted
+        full = fetch_summary(fs.url + "swarm.json", token="member")
+        assert not full.redacted and full.leaderboard[1].peer_id == "QmPatPatPatPatPat11111111"

@@ -35,13 +35,15 @@ from PySide6.QtWidgets import (
 
 from dedloc_core.errors import DedlocError, user_message
 from dedloc_core.stats.db import DAY, HOUR, Point, StatsStore, Totals, hour_of, local_midnight
-from dedloc_core.stats.swarmview import SwarmSummary, parse_summary, short_peer_id
+from dedloc_core.stats.swarmview import SwarmSummary, parse_summary
 
 logger = logging.getLogger(__name__)
 
 PERIODS = (("today", "Today"), ("week", "This week"), ("all", "All time"))
 RANGES = {"hours": ("Last 48 hours, per hour", 48, HOUR), "days": ("Last 30 days, per day", 30, DAY)}
 HIGHLIGHT = QColor("#fff3c4")
+# an invite-only swarm's summary without this computer's valid token: no peer ids, so "you" is not marked
+PUBLIC_VIEW = "public view: names only (members see more once this computer has an access token)"
 
 
 def human_bytes(n: float) -> str:
@@ -273,13 +275,14 @@ class StatisticsPage(QWidget):
             return
         self.swarm_line.setText(
             f"Global step <b>{s.global_step}</b> · <b>{s.samples_per_second:.1f}</b> samples/s · "
-            f"<b>{s.num_peers}</b> active peers · {len(s.leaderboard)} contributors")
+            f"<b>{s.num_peers}</b> active peers · {len(s.leaderboard)} contributors"
+            + (f" · {PUBLIC_VIEW}" if s.redacted else ""))
         self.board.setRowCount(len(s.leaderboard))
         bold = QFont()
         bold.setBold(True)
         for row, c in enumerate(s.leaderboard):
             me = self.peer_id is not None and c.peer_id == self.peer_id
-            name = c.display_name.strip() or short_peer_id(c.peer_id)
+            name = c.name
             cells = [str(row + 1), name + (" (you)" if me else ""), human_count(c.samples),
                      human_duration(c.compute_seconds)]
             for col, text in enumerate(cells):

@@ -177,6 +177,9 @@ class DataSource(_Model, kw_only=True):
 
     base_url: Annotated[str, Meta(max_length=2048)] | None = None
     shards: Annotated[list[Shard], Meta(min_length=1, max_length=10_000)]
+    # An invite-only experiment's backbone serves its shards to members only (a token in each
+    # request) unless this says they are public; an open experiment's data is public either way
+    public: bool = False
 
     def __post_init__(self) -> None:
         if self.base_url is not None:

@@ -5,18 +5,27 @@ that token if it still has over half its life, else renews it at the experiment'
 (a member), else redeems the code (a newcomer). ``Renewer`` renews it at half life on a thread,
 hands it to the DHT and averagers (``gate.TokenHolder``), publishes it and stores it in the keyring;
 a refusal (revoked) ends the session with the backbone's ``InviteError``.
+
+``data_token`` is how the worker fetches an invite-only experiment's shards, which the backbone
+serves to members only: the ``fetch-data`` thread obtains the token first (this module imports no
+hivemind, and writes a new volunteer's identity itself), then downloads, all while torch and
+hivemind import; the session's own ``obtain`` then finds the fresh token in the keyring.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dedloc_core import invites, secrets
 from dedloc_core.invites import InviteError
 
-from . import gate
+if TYPE_CHECKING:  # gate imports hivemind; obtain runs before it is imported (data_token)
+    from . import gate
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +39,8 @@ def obtain(exp, identity_path: str) -> tuple[str, object]:
     if not exp.invite_key or not exp.invite_url:
         raise InviteError("invite_unconfigured", f"The catalog entry of {exp.title!r} is invite-only but names "
                                                  "no invite key or invite server.")
+    if not os.path.isfile(identity_path):
+        _write_identity(identity_path)
     identity = invites.load_identity(Path(identity_path).read_bytes())
     peer_id = invites.peer_id_of_der(invites.public_der(identity))
     public_key = invites.load_public_key(exp.invite_key)
@@ -55,6 +66,33 @@ def obtain(exp, identity_path: str) -> tuple[str, object]:
     invites.verify(token, public_key, exp.run_id, peer_id)  # the server must give us what we asked for
     secrets.set_token(exp.id, token)
     return token, identity
+
+
+def data_token(exp, identity_path: str) -> Callable[[], str] | None:
+    """What gives the token the experiment's shards need: None for open data (an open experiment,
+    or ``data.public``), else ``obtain``'s token (InviteError when it cannot be had)."""
+    if not exp.needs_token or exp.data.public:
+        return None
+    return lambda: obtain(exp, identity_path)[0]
+
+
+def _write_identity(path: str) -> None:
+    """A new libp2p identity as hivemind's ``P2P.generate_identity`` writes it (crypto.pb.PrivateKey:
+    type RSA, the 2048-bit key as PKCS#1 DER; read only by its owner), without importing hivemind."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    der = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.DER, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
+    length, size = bytearray(), len(der)
+    while True:
+        byte, size = size & 0x7F, size >> 7
+        length.append(byte | (0x80 if size else 0))
+        if not size:
+            break
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)  # a concurrent writer's file stays
+    with os.fdopen(fd, "wb") as f:
+        f.write(b"\x08\x00\x12" + bytes(length) + der)
 
 
 class Renewer:

@@ -8,6 +8,9 @@
     corrupt      the server kept sending bytes that do not match the sha256 and size
     unreachable  the server could not be reached or the download kept breaking off
     disk_error   the cache directory cannot be written
+    refused      the server answered 401 or 403: an invite-only experiment's data needs a member's
+                 token (``ShardCache(token=...)``, sent as ``Authorization: Bearer``), and it had none
+                 or refused it; never retried
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ class _Unreachable(Exception):
     """A network failure: retry, resuming what we have."""
 
 
+class _Refused(Exception):
+    """The server refused us (401, 403): asking again with the same token gets the same answer."""
+
+
 class _HttpOnlyRedirects(HTTPRedirectHandler):
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
         if urlsplit(newurl).scheme.lower() not in ("http", "https"):
@@ -85,6 +92,7 @@ class ShardCache:
         retries: int = 3,
         timeout: float = 30,
         backoff: float = 1.0,
+        token: str | None = None,
     ) -> None:
         if max_bytes <= 0 or retries < 1:
             raise ValueError("max_bytes must be positive and retries at least 1")
@@ -93,6 +101,7 @@ class ShardCache:
         self.retries = retries
         self.timeout = timeout
         self.backoff = backoff
+        self.token = token  # an invite-only experiment's access token, sent with every request
         self.root.mkdir(parents=True, exist_ok=True)
         self._thread_lock = threading.Lock()
         self._opener = build_opener(_HttpOnlyRedirects)
@@ -194,6 +203,8 @@ class ShardCache:
                 failure, code = str(exc), "corrupt"
             except _Unreachable as exc:
                 failure, code = str(exc), "unreachable"
+            except _Refused as exc:
+                raise _refusal(url, str(exc), self.token is not None) from None
             logger.warning("shard %s, attempt %d of %d: %s", url, attempt + 1, self.retries, failure)
         if code == "corrupt":
             message = (
@@ -251,12 +262,18 @@ class ShardCache:
         headers = {"User-Agent": _USER_AGENT, "Accept-Encoding": "identity"}
         if offset:
             headers["Range"] = f"bytes={offset}-"
+        request = Request(url, headers=headers)
+        if self.token:  # never sent on to wherever a redirect points
+            request.add_unredirected_header("Authorization", f"Bearer {self.token}")
         try:
-            return self._opener.open(Request(url, headers=headers), timeout=self.timeout)
+            return self._opener.open(request, timeout=self.timeout)
         except HTTPError as exc:
+            why = _short_text(exc)
             exc.close()
             if exc.code == 416 and offset:
                 return self._open(url, 0)
+            if exc.code in (401, 403):
+                raise _Refused(f"HTTP {exc.code} {exc.reason}{': ' + why if why else ''}") from exc
             raise _Unreachable(f"HTTP {exc.code} {exc.reason}") from exc
         except (OSError, http.client.HTTPException) as exc:
             reason = exc.reason if isinstance(exc, URLError) else exc
@@ -323,6 +340,27 @@ class ShardCache:
             )
 
 
+def _short_text(exc: HTTPError) -> str:
+    """The first line of an error's plain-text body (at most 200 characters), or ""."""
+    try:
+        if not (exc.headers.get("Content-Type") or "").startswith("text/plain"):
+            return ""
+        return exc.read(200).decode("utf-8", "replace").strip().splitlines()[0]
+    except (OSError, IndexError, http.client.HTTPException):
+        return ""
+
+
+def _refusal(url: str, answer: str, had_token: bool) -> ShardError:
+    if had_token:
+        message = (f"The server refused this computer's access token for the data shard {url} ({answer}).")
+        hint = "The access token may have expired or been revoked; the app asks for a new one when it rejoins."
+    else:
+        message = f"The server refused the data shard {url} without an access token ({answer})."
+        hint = ("This experiment's data is for its invited members: join it with an invite code, or ask the "
+                "organizer to mark its data public in the catalog.")
+    return ShardError(message, title="Training data refused", code="refused", hint=hint)
+
+
 def _read(response: Any, size: int) -> bytes:
     try:
         return bytes(response.read(size))
@@ -364,9 +402,12 @@ def _touch(path: Path) -> None:
     os.utime(path, ns=(now, now))
 
 
-def fetch_in_background(shards: Sequence[Shard], base_url: str | None) -> Future:
+def fetch_in_background(shards: Sequence[Shard], base_url: str | None,
+                        token: Callable[[], str | None] | None = None) -> Future:
     """``fetch_all`` into the worker's cache on a thread (the worker imports torch and hivemind
-    meanwhile): a future of the local paths; ``result()`` raises what the fetch raised."""
+    meanwhile): a future of the local paths; ``result()`` raises what the fetch raised. ``token``,
+    called on that thread first, gives the access token an invite-only experiment's data needs
+    (what it raises, the future raises)."""
     from dedloc_core import environ, paths
 
     future: Future = Future()
@@ -374,7 +415,8 @@ def fetch_in_background(shards: Sequence[Shard], base_url: str | None) -> Future
     def run() -> None:
         try:
             limit = environ.CACHE_BYTES.integer()
-            future.set_result(ShardCache(paths.cache_dir() / "shards", max_bytes=limit).fetch_all(shards, base_url))
+            cache = ShardCache(paths.cache_dir() / "shards", max_bytes=limit, token=token() if token else None)
+            future.set_result(cache.fetch_all(shards, base_url))
         except BaseException as exc:  # handed to whoever waits for the data
             future.set_exception(exc)
 

@@ -49,9 +49,10 @@ class Session:
     """Owns the DHT, the Optimizer and the model of one experiment; stops them on exit."""
 
     def __init__(self, start: Start, control: Control, channel: EventChannel, carried: dict | None = None,
-                 shards: Future | None = None):
+                 shards: Future | None = None, new_identity: bool = False):
         self.start, self.control, self.channel = start, control, channel
         self._shards = shards  # the data, already being fetched (``fetch_in_background``), or None
+        self._new_identity = new_identity  # the identity file was written by the data fetch (invited.data_token)
         self.dht = self.optimizer = self.model = None
         carried = carried or {}  # the totals of an earlier session of this worker (see ``rejoin``)
         self.samples = carried.get("samples", 0)  # computed; ``counted`` is the contribution
@@ -106,7 +107,8 @@ class Session:
         exp = self.experiment
         if self._shards is None:
             self._state("preparing", f"Fetching data for {exp.title}")
-            self._shards = fetch_in_background(exp.data.shards, self.start.data_base_url or exp.data.base_url)
+            self._shards = fetch_in_background(exp.data.shards, self.start.data_base_url or exp.data.base_url,
+                                               invited.data_token(exp, self._identity_path()))
         return self._shards.result()
 
     def _prepare_process(self) -> None:
@@ -130,10 +132,13 @@ class Session:
         self.batches = self.recipe.batches(shard_paths, self.batch_size, seed=self.start.seed)
         self.torch = torch
 
+    def _identity_path(self) -> str:
+        return self.start.identity_path or str(paths.data_dir() / "identity.key")  # stable peer id
+
     def _swarm_config(self) -> swarm.SwarmConfig:
         """The experiment's swarm settings with this worker's own (addresses, identity, limits)."""
         exp = self.experiment
-        identity_path = self.start.identity_path or str(paths.data_dir() / "identity.key")  # stable peer id
+        identity_path = self._identity_path()
         return swarm.config_for(
             exp, role="volunteer",
             batch_size_per_step=self.batch_size,
@@ -141,7 +146,7 @@ class Session:
             host_maddrs=self.start.host_maddrs,
             announce_maddrs=self.start.announce_maddrs,
             identity_path=identity_path,
-            identity_is_new=not os.path.isfile(identity_path),
+            identity_is_new=self._new_identity or not os.path.isfile(identity_path),
             client_mode=self.start.client_mode,
             bandwidth=self.start.bandwidth or limits.bandwidth_hint(self.limits),
             grad_compression=self.start.grad_compression or "fp16",

@@ -19,10 +19,11 @@ import threading
 
 import msgspec
 
-from dedloc_core import __version__, environ
+from dedloc_core import __version__, environ, paths
 from dedloc_core.errors import EXIT_EXPLAINED, EXIT_UNEXPECTED, DedlocError, WorkerError, user_message
 from dedloc_core.protocol import Error, Hello, Start, State, Stop
 
+from . import invited
 from .channel import Control, EventChannel, EventLogHandler, read_commands
 from .shard_cache import fetch_in_background
 
@@ -65,17 +66,23 @@ def run(control: Control, channel: EventChannel) -> int:
     try:
         experiment = check_experiment(command.experiment)  # fail fast, before loading torch and hivemind
         channel.send(State(state="preparing", reason=f"Fetching data for {experiment.title}"))
-        shards = fetch_in_background(experiment.data.shards, command.data_base_url or experiment.data.base_url)
+        # an invite-only experiment's data needs the token: the fetch thread obtains it first. It may
+        # write a new identity; hivemind must still treat it as new (no check that it is free)
+        identity = command.identity_path or str(paths.data_dir() / "identity.key")  # as Session's
+        new_identity = not os.path.isfile(identity)
+        shards = fetch_in_background(experiment.data.shards, command.data_base_url or experiment.data.base_url,
+                                     invited.data_token(experiment, identity))
         from .training import Session  # imports torch and hivemind (seconds) while the data comes
 
         carried = None
         while True:
-            with Session(command, control, channel, carried, shards=shards) as session:
+            with Session(command, control, channel, carried, shards=shards, new_identity=new_identity) as session:
                 session.train()
             if not session.rejoin or control.stop.is_set():
                 break
             carried = session.totals()  # a fresh session: a new p2pd, the swarm's current state
             shards = None
+            new_identity = False
             command = msgspec.structs.replace(command, start_paused=False)
         channel.send(State(state="stopped", reason="Stopped"))
         return 0

@@ -32,11 +32,11 @@ from pathlib import Path
 from dedloc_core import environ, paths
 from dedloc_core.catalog import load_trusted_keys, public_key_line, verify_catalog
 from dedloc_core.errors import DedlocError, report, user_message
-from dedloc_core.invites import InviteError
+from dedloc_core.invites import InviteError, is_valid
 from dedloc_core.stats.swarmview import SwarmView
 
 from . import dashboard, invites
-from .httpserve import FileServer
+from .httpserve import FileServer, bearer_token
 
 logger = logging.getLogger(__name__)
 
@@ -118,9 +118,15 @@ class Backbone:
         return 0
 
     def _serve_http(self, stack: ExitStack, catalog_bytes: bytes, exp, key_line: str) -> str:
-        server = FileServer({"/catalog.json": catalog_bytes, "/catalog.pub": (key_line + "\n").encode(),
-                             "/swarm.json": self.view.to_json},
+        """Serve the catalog, the dashboard, ``/swarm.json``, the data and (invite-only) ``/invite/*``.
+
+        Invite-only: strangers get the public swarm summary (no peer ids: with them, a stranger found
+        every member's address through the DHT) and a 401 for the data unless the catalog says
+        ``data.public``; a request with a member's token (``Authorization: Bearer``) gets both."""
+        server = FileServer({"/catalog.json": catalog_bytes, "/catalog.pub": (key_line + "\n").encode()},
                             host=self.args.http_host, port=self.args.http_port)
+        member = self._member_check(exp)
+        server.add_view("/swarm.json", lambda headers: self.view.to_json(public=not member(headers)))
         page = dashboard.render(exp, key_line, self.args.contact)
         server.add("/", page, content_type="text/html; charset=utf-8")
         server.add("/index.html", page)
@@ -128,6 +134,8 @@ class Backbone:
         if data_dir is None:
             data_dir = stack.enter_context(resources.as_file(paths.resource("corpus")))
         server.serve_dir("/data/", Path(data_dir))
+        if self.issuer is not None and not exp.data.public:
+            server.guard("/data/", member, "this experiment's data is for its members; send your access token")
         if self.issuer is not None:  # invite-only: redeem codes, renew tokens (organizer/invites.py)
             server.add("/invite/info", self.issuer.info)
             server.add_post("/invite/redeem", lambda body: self.issuer.handle("redeem", body))
@@ -136,6 +144,19 @@ class Backbone:
         logger.info("Serving the catalog and data at %s", server.url)
         logger.info("Dashboard at %s", server.url)
         return server.url
+
+    def _member_check(self, exp):
+        """``check(headers)``: does the request carry a valid token for this run? Always true for an
+        open experiment (no issuer): everything it serves is public."""
+        if self.issuer is None:
+            return lambda headers: True
+        public_key = self.issuer.key.public_key()
+
+        def check(headers) -> bool:
+            token = bearer_token(headers)
+            return token is not None and is_valid(token, public_key, exp.run_id)
+
+        return check
 
     def _issuer(self, exp) -> invites.Issuer:
         """The token issuer of an invite-only experiment; its key must be the catalog's ``invite_key``."""

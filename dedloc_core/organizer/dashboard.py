@@ -4,7 +4,9 @@
 ``swarm.json`` next to itself every 5 s (global step, samples/s, peers, the learning curve as inline
 SVG, the leaderboard) and offers the ``dedloc://add?url=…&key=…`` link volunteers open in the app,
 with the organizer key's fingerprint. Everything from the catalog is escaped here; everything from
-``swarm.json`` goes in with ``textContent``. A Content-Security-Policy allows only this page's own
+``swarm.json`` goes in with ``textContent``. An invite-only experiment's ``swarm.json`` is its public view
+for this page (the browser sends no token): display names and amounts, no peer ids (``stats.swarmview``).
+A Content-Security-Policy allows only this page's own
 script (by hash) and requests to its own origin.
 """
 
@@ -119,7 +121,7 @@ function drawBoard(board) {
   const body = $("board");
   body.replaceChildren();
   board.forEach((c, i) => {
-    const name = el("td", String(c.display_name || "").trim() || shortId(String(c.peer_id || "")));
+    const name = el("td", String(c.display_name || "").trim() || shortId(String(c.peer_id || "")) || "(no name)");
     name.title = String(c.peer_id || "");
     const row = el("tr");
     const state = c.active ? el("td", "\\u25cf active", "on") : el("td", "idle", "off");

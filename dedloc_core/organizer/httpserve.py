@@ -5,6 +5,11 @@ directory under a prefix (no listings, no ``..``, no hidden files, no symlinks l
 answers GET and HEAD, single ``Range: bytes=…`` requests with 206 or 416, and records every
 request in ``requests`` so tests can check what a client asked for. ``add_post`` adds a POST endpoint
 (a callable given the request body, returning a status and a JSON body), the backbone's ``/invite/*``.
+
+Two hooks see the request's headers: ``guard(prefix, allow)`` answers 401 to a GET or HEAD under
+``prefix`` unless ``allow(headers)`` is true (an invite-only experiment's shards), and
+``add_view(path, render)`` serves ``render(headers)``, so one URL can answer members and strangers
+differently (``/swarm.json``). ``bearer_token(headers)`` reads ``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from email.message import Message
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 from urllib.parse import unquote
 
-__all__ = ["FileServer", "Source"]
+__all__ = ["FileServer", "Source", "bearer_token"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +39,19 @@ _POLL_S = 0.05  # how long stop() may wait for the serving loop to notice
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _MAX_POST = 64 * 1024  # the largest POST body read
 _MAX_RECORDED = 10_000  # ``requests`` keeps the latest this many: a long-running backbone must not grow forever
+Allow = Callable[[Message], bool]  # a guard: may this request (its headers) have what it asks for?
+View = Callable[[Message], bytes]  # a route rendered for each request's headers
+
+
+def bearer_token(headers: Message) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None."""
+    scheme, _, token = (headers.get("Authorization") or "").strip().partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+@dataclass(frozen=True)
+class _View:
+    render: View
 
 
 @dataclass(frozen=True)
@@ -161,8 +180,12 @@ class _Handler(BaseHTTPRequestHandler):
         owner = self.server.owner
         range_header = self.headers.get("Range")
         owner._record(self.command, self.path, range_header)
+        refusal = owner._refused(self.path, self.headers)
+        if refusal is not None:
+            self._status_only(HTTPStatus.UNAUTHORIZED, {"WWW-Authenticate": "Bearer"}, refusal)
+            return
         try:
-            body = owner._open(self.path)
+            body = owner._open(self.path, self.headers)
         except Exception:  # a callable route failed: the client sees a 500, the log has the cause
             logger.exception("route %s failed", self.path)
             self._status_only(HTTPStatus.INTERNAL_SERVER_ERROR)
@@ -178,8 +201,8 @@ class _Handler(BaseHTTPRequestHandler):
             if body.file is not None:
                 body.file.close()
 
-    def _status_only(self, status: HTTPStatus, headers: dict[str, str] | None = None) -> None:
-        payload = f"{status.value} {status.phrase}\n".encode()
+    def _status_only(self, status: HTTPStatus, headers: dict[str, str] | None = None, why: str = "") -> None:
+        payload = f"{status.value} {status.phrase}{': ' + why if why else ''}\n".encode()
         self.send_response(status)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
@@ -251,6 +274,7 @@ class FileServer:
         self._routes: dict[str, Source] = {}
         self._types: dict[str, str] = {}  # route path -> content type given to add()
         self._dirs: dict[str, Path] = {}
+        self._guards: dict[str, tuple[Allow, str]] = {}  # path prefix -> (allow, what a refusal says)
         self._posts: dict[str, Callable[[bytes], tuple[int, bytes]]] = {}
         self._lock = threading.Lock()
         self._httpd: _HTTPServer | None = None
@@ -272,6 +296,18 @@ class FileServer:
                 self._types.pop(key, None)
             else:
                 self._types[key] = content_type
+
+    def add_view(self, path: str, render: View, content_type: str | None = None) -> None:
+        """Serve ``render(headers)`` at ``path``: the answer may depend on who asks (``bearer_token``)."""
+        self.add(path, _View(render), content_type)  # type: ignore[arg-type]
+
+    def guard(self, prefix: str, allow: Allow, message: str = "") -> None:
+        """Answer GET and HEAD requests for ``prefix`` (a path, or everything under a prefix ending
+        in ``/``) with 401 and ``message`` unless ``allow(headers)`` is true. ``allow`` runs on the
+        serving thread for each request; an exception in it counts as a refusal."""
+        key = "/" + prefix.lstrip("/")
+        with self._lock:
+            self._guards[key] = (allow, message)
 
     def add_post(self, path: str, handler: Callable[[bytes], tuple[int, bytes]]) -> None:
         """Answer ``POST path`` with ``handler(body) -> (status, JSON bytes)`` (bodies up to 64 KiB)."""
@@ -345,18 +381,43 @@ class FileServer:
 
     # -- lookup ----------------------------------------------------------------------------------
 
-    def _open(self, raw_path: str) -> _Body | None:
+    @staticmethod
+    def _path(raw_path: str) -> str | None:
         try:
             segments = _clean_segments(raw_path)
         except UnicodeDecodeError:
             return None
-        if segments is None:
+        return None if segments is None else "/" + "/".join(segments)
+
+    def _refused(self, raw_path: str, headers: Message) -> str | None:
+        """Why the request is refused (its guard said no), or None when no guard refuses it."""
+        path = self._path(raw_path)
+        if path is None:
+            return None  # answered 404 by _open
+        with self._lock:
+            guards = [(allow, message) for prefix, (allow, message) in self._guards.items()
+                      if path == prefix or (prefix.endswith("/") and path.startswith(prefix))]
+        for allow, message in guards:
+            try:
+                allowed = allow(headers)
+            except Exception:  # a failing check never lets a request through
+                logger.exception("the guard of %s failed", raw_path)
+                allowed = False
+            if not allowed:
+                return message or "an access token is needed"
+        return None
+
+    def _open(self, raw_path: str, headers: Message | None = None) -> _Body | None:
+        path = self._path(raw_path)
+        if path is None:
             return None
-        path = "/" + "/".join(segments)
         with self._lock:
             source = self._routes.get(path)
             content_type = self._types.get(path)
             dirs = list(self._dirs.items())
+        if isinstance(source, _View):
+            data = source.render(headers if headers is not None else Message())
+            return _Body(size=len(data), content_type=content_type or _content_type(path), data=bytes(data))
         if source is not None:
             return self._open_source(source, path, content_type)
         for prefix, root in sorted(dirs, key=lambda item: -len(item[0])):

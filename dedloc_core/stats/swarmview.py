@@ -7,6 +7,11 @@ a validated ``SwarmSummary`` (msgspec Structs). Imports no torch, hivemind, pyda
 
 A peer's ``samples`` count from zero in each worker session; the leaderboard adds the sessions up
 (a count that goes down starts a new session).
+
+An invite-only experiment's backbone serves strangers ``to_json(public=True)``: the aggregates, the
+learning curve and a leaderboard of display names and amounts only, with no peer id, no last-seen
+time and nothing else that finds a member on the network (``redacted`` is then true); members send
+their token (``fetch_summary(url, token=...)``) and get the full summary.
 """
 
 from __future__ import annotations
@@ -55,8 +60,8 @@ class Contributor(_Doc, kw_only=True):
 
     @property
     def name(self) -> str:
-        """The volunteer's chosen name, or a short peer id."""
-        return self.display_name.strip() or short_peer_id(self.peer_id)
+        """The volunteer's chosen name, or a short peer id (``ANONYMOUS`` when the view hides it)."""
+        return self.display_name.strip() or short_peer_id(self.peer_id) or ANONYMOUS
 
 
 class SwarmSummary(_Doc):
@@ -67,6 +72,11 @@ class SwarmSummary(_Doc):
     num_peers: Annotated[int, Meta(ge=0)] = 0
     learning_curve: list[CurvePoint] = []
     leaderboard: list[Contributor] = []
+    # the public view of an invite-only experiment: no peer ids, no per-peer last-seen times
+    redacted: bool = False
+
+
+ANONYMOUS = "(no name)"  # a volunteer without a display name, in a view without peer ids
 
 
 def short_peer_id(peer_id: str) -> str:
@@ -109,7 +119,8 @@ class SwarmView:
             if display_name:
                 peer["name"] = display_name
 
-    def summary(self, now: float | None = None) -> SwarmSummary:
+    def summary(self, now: float | None = None, *, public: bool = False) -> SwarmSummary:
+        """The summary; ``public``: without peer ids or per-peer last-seen times (``redacted``)."""
         now = time.time() if now is None else now
         with self._lock:
             curve = list(self._curve)
@@ -121,14 +132,16 @@ class SwarmView:
                 for pid, p in self._peers.items()
             ]
         board.sort(key=lambda c: (-c.samples, c.peer_id))
+        if public:  # the order stays (by amount); what finds a peer on the network goes
+            board = [msgspec.structs.replace(c, peer_id="", last_seen=0.0) for c in board]
         if status is None and curve:
             status = (curve[-1].step, curve[-1].samples_per_second, curve[-1].num_peers)
         step, sps, peers = status or (0, 0.0, 0)
         return SwarmSummary(run_id=self.run_id, updated=now, global_step=step, samples_per_second=sps,
-                            num_peers=peers, learning_curve=curve, leaderboard=board)
+                            num_peers=peers, learning_curve=curve, leaderboard=board, redacted=public)
 
-    def to_json(self) -> bytes:
-        return msgspec.json.encode(self.summary())
+    def to_json(self, public: bool = False) -> bytes:
+        return msgspec.json.encode(self.summary(public=public))
 
     @classmethod
     def load(cls, run_dir: Path, run_id: str = "") -> SwarmView:
@@ -170,12 +183,15 @@ def parse_summary(data: bytes | str | dict) -> SwarmSummary:
         raise SwarmUnavailable(f"The swarm summary is malformed (not JSON: {str(exc)[:200]}).") from exc
 
 
-def fetch_summary(url: str, timeout: float = 10.0) -> SwarmSummary:
-    """GET ``url`` (e.g. the backbone's ``…/swarm.json``). Blocks: call it off the GUI thread."""
+def fetch_summary(url: str, timeout: float = 10.0, token: str | None = None) -> SwarmSummary:
+    """GET ``url`` (e.g. the backbone's ``…/swarm.json``), with a member's ``token`` if given (an
+    invite-only experiment's backbone then sends the full summary). Blocks: call it off the GUI thread."""
     import urllib.request  # here: it pulls in ssl, a few MB the page does not need
 
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # http(s) from the catalog
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # http(s) from the catalog
             data = response.read(MAX_SUMMARY_BYTES + 1)
     except OSError as exc:
         raise SwarmUnavailable(f"Could not reach {url}: {exc}") from exc
