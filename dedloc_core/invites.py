@@ -281,6 +281,32 @@ def renew(base_url: str, identity_key, run_id: str, timeout: float = 15.0) -> st
     return _post(base_url, "renew", _signed("renew", identity_key, run_id), timeout)
 
 
+def report(base_url: str, identity_key, run_id: str, peer_id: str, reason: str, timeout: float = 15.0) -> int:
+    """Tell the backbone that this member banned ``peer_id`` for ``reason`` (``POST /invite/report``,
+    signed like a renewal); the number of members who reported that peer, or InviteError."""
+    import urllib.error
+    import urllib.request
+
+    reason = reason[:200]
+    request = {**_signed("report", identity_key, run_id, f"{peer_id}\n{reason}"), "reported": peer_id,
+               "reason": reason}
+    url = base_url.rstrip("/") + "/invite/report"
+    req = urllib.request.Request(url, data=json.dumps(request).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:  # http(s) from the catalog
+            return int(json.loads(response.read(1 << 16))["reporters"])
+    except urllib.error.HTTPError as exc:
+        try:
+            answer = json.loads(exc.read(1 << 16))
+            code, message = str(answer["error"]), str(answer.get("message", ""))
+        except (ValueError, KeyError, TypeError):
+            code, message = "invite_unreachable", f"The organizer's server answered {exc.code} at {url}."
+        raise InviteError(code if code in _TITLES else "token_invalid", message or code) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InviteError("invite_unreachable", f"Cannot report to the organizer's server at {url}: {exc}") from None
+
+
 def fetch_info(base_url: str, timeout: float = 15.0) -> dict:
     """The backbone's ``/invite/info``: run id, invite key, token lifetime."""
     import urllib.request

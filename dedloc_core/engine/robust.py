@@ -8,8 +8,12 @@ patched by ``hivemind_ext.robust_reduce``), in sync and DiLoCo modes alike.
   where ``clip`` scales a difference down to norm ``tau`` and ``tau`` is ``radius`` times the median
   distance of the parts from the median (so it follows the gradients' scale). ``mean`` is
   hivemind's weighted mean.
-- A peer dropped ``STRIKES`` times within ``STRIKE_WINDOW`` seconds is left out of this peer's
-  groups (matchmaking, both as leader and follower) for ``BAN_SECONDS``.
+- A peer dropped ``STRIKES`` times within ``STRIKE_WINDOW`` seconds by one averager (strikes are
+  counted per process), or caught in one offence that proves intent (``ban``: a wrong reduction,
+  a failed check), is banned for ``BAN_SECONDS`` by the whole worker: left out of every averager's
+  groups (as leader and follower) and state downloads. The ban list is shared by all the worker's
+  processes, kept across restarts and reported to an invite-only experiment's backbone
+  (``engine/bans.py``).
 
 ``configure`` is called in the worker before hivemind forks its averagers, which inherit it.
 """
@@ -21,6 +25,8 @@ import time
 
 import torch
 
+from . import bans
+
 logger = logging.getLogger(__name__)
 
 STRIKES = 3
@@ -28,8 +34,7 @@ STRIKE_WINDOW = 600.0
 BAN_SECONDS = 600.0
 
 _settings = {"kind": "mean", "radius": 1.0, "iterations": 3}
-_strikes: dict[str, list[float]] = {}
-_banned_until: dict[str, float] = {}
+_strikes: dict[str, list[float]] = {}  # per process: each averager counts what it saw
 
 
 def configure(kind: str = "mean", radius: float = 1.0, iterations: int = 3) -> None:
@@ -67,20 +72,25 @@ def centered_clip(parts: list[torch.Tensor], weights: list[float]) -> torch.Tens
     return center.to(parts[0].dtype)
 
 
-def strike(peer: str, now: float | None = None) -> bool:
-    """Count a dropped part of ``peer``; True when that makes it banned for a while."""
-    now = time.monotonic() if now is None else now
+def strike(peer: str, reason: str = "dropped parts", now: float | None = None) -> bool:
+    """Count a dropped part of ``peer`` (wall clock ``now``); True when that makes it banned."""
+    now = time.time() if now is None else now
     recent = [t for t in _strikes.get(peer, []) if now - t < STRIKE_WINDOW] + [now]
     _strikes[peer] = recent
     if len(recent) >= STRIKES:
-        _banned_until[peer] = now + BAN_SECONDS
         _strikes[peer] = []
-        logger.warning("Leaving %s out of averaging groups for %.0f s: its parts were dropped %d times",
-                       peer, BAN_SECONDS, len(recent))
-        return True
+        return ban(peer, f"{reason} ({len(recent)} times)", now=now)
     return False
 
 
+def ban(peer: str, reason: str, seconds: float | None = None, now: float | None = None) -> bool:
+    """Ban ``peer`` from every averager of this worker for ``seconds`` (default ``BAN_SECONDS``)."""
+    seconds = BAN_SECONDS if seconds is None else seconds
+    if not bans.ban(peer, reason, seconds, now):
+        return False
+    logger.warning("Banned %s from averaging for %.0f s: %s", peer, seconds, reason)
+    return True
+
+
 def banned(peer: str, now: float | None = None) -> bool:
-    now = time.monotonic() if now is None else now
-    return _banned_until.get(peer, 0.0) > now
+    return bans.banned(peer, now)

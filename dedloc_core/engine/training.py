@@ -22,7 +22,7 @@ from dedloc_core.catalog.model import Experiment, experiment_from
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
 
-from . import gate, hivemind_ext, invited, limits, metrics, prefetch, reachability, robust, swarm
+from . import bans, gate, hivemind_ext, invited, limits, metrics, prefetch, reachability, robust, swarm
 from .channel import Control, EventChannel
 from .dht_fallback import DhtFallback
 from .diloco import DilocoOptimizer
@@ -118,6 +118,7 @@ class Session:
         swarm.prepare_process()
         swarm.p2pd_on_one_thread()
         robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)  # before hivemind forks
+        bans.load(exp.run_id)  # the worker's ban list, shared with the forks and kept across restarts
         self._apply_limits()
         self.control.on_limits = functools.partial(limits.apply_network_over, self.start.limits)
 
@@ -173,6 +174,7 @@ class Session:
         if exp.needs_token:
             self.renewer = invited.Renewer(exp, identity, self.token_holder,
                                            lambda t: gate.publish(self.dht, t, subkey=self.public_key))
+            self.ban_reporter = bans.Reporter(exp.invite_url, identity, exp.run_id)  # peers we ban, to the organizer
         return download
 
     def _build_optimizer(self, cfg: swarm.SwarmConfig, download: Future | None, clock: _Phases) -> None:
@@ -258,6 +260,8 @@ class Session:
                 watcher.stop()
         if getattr(self, "renewer", None) is not None:
             self.renewer.stop()
+        if getattr(self, "ban_reporter", None) is not None:
+            self.ban_reporter.stop()
         for obj in (self.optimizer, self.dht):
             if obj is not None:
                 try:

@@ -140,6 +140,7 @@ class Backbone:
             server.add("/invite/info", self.issuer.info)
             server.add_post("/invite/redeem", lambda body: self.issuer.handle("redeem", body))
             server.add_post("/invite/renew", lambda body: self.issuer.handle("renew", body))
+            server.add_post("/invite/report", lambda body: self.issuer.handle("report", body))  # peers members banned
         stack.enter_context(server)
         logger.info("Serving the catalog and data at %s", server.url)
         logger.info("Dashboard at %s", server.url)

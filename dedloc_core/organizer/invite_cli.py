@@ -1,4 +1,4 @@
-"""``dedloc invite``: the organizer's invites (keygen, create, list, revoke) and a volunteer's redeem.
+"""``dedloc invite``: the organizer's invites (keygen, create, list, revoke, reports) and a volunteer's redeem.
 
 The organizer's commands work on the backbone's run dir (``invites.db``, ``issuer.key``); the key's
 passphrase comes from ``$DEDLOC_INVITE_PASSPHRASE`` or the terminal. ``redeem`` checks a code against
@@ -90,6 +90,33 @@ def _revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reports(args: argparse.Namespace) -> int:
+    store = invites.InviteStore(args.run_dir)
+    reports = store.reports()
+    standing = {peer: "revoked" if revoked else "member" for peer, _, _, revoked in store.members()}
+    peers: dict[str, list[invites.Report]] = {}
+    for r in reports:
+        peers.setdefault(r.reported, []).append(r)
+    ranked = sorted(peers.items(), key=lambda kv: (-len({r.reporter for r in kv[1]}), -kv[1][-1].time))
+    if args.json:
+        print(json.dumps({"peers": [{"peer_id": peer, "state": standing.get(peer, "not a member"),
+                                     "reporters": sorted({r.reporter for r in rs}), "reports": len(rs),
+                                     "last": rs[-1].time, "reasons": sorted({r.reason for r in rs})}
+                                    for peer, rs in ranked],
+                          "reports": [vars(r) for r in reports]}, indent=2))
+        return 0
+    if not reports:
+        print("No member has reported a peer.")
+        return 0
+    print(f"{'REPORTED PEER':<54} {'STATE':<12} {'BY':>3} {'LAST':<21} REASONS")
+    for peer, rs in ranked:
+        print(f"{peer:<54} {standing.get(peer, 'not a member'):<12} {len({r.reporter for r in rs}):>3} "
+              f"{_when(rs[-1].time):<21} {'; '.join(sorted({r.reason for r in rs}))}")
+    print("\nBY: distinct members whose workers banned the peer. Revoke one with: dedloc invite revoke "
+          f"--run-dir {args.run_dir} PEER_ID")
+    return 0
+
+
 def _redeem(args: argparse.Namespace) -> int:
     from dedloc_core import invites as tokens
     from dedloc_core import paths
@@ -146,6 +173,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run_dir(revoke)
     revoke.add_argument("target", metavar="CODE|INVITE_ID|PEER_ID")
     revoke.set_defaults(func=_reporting(_revoke))
+    reported = commands.add_parser("reports", help="peers that members' workers banned (to decide on revoking them)")
+    run_dir(reported)
+    reported.add_argument("--json", action="store_true")
+    reported.set_defaults(func=_reporting(_reports))
     redeem = commands.add_parser("redeem", help="redeem an invite code at a backbone (volunteers)")
     redeem.add_argument("url", help="the backbone's URL (the experiment's invite_url)")
     redeem.add_argument("code")

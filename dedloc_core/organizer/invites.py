@@ -4,7 +4,9 @@
 backbone's run dir; codes stored as sha256 only). ``Issuer`` answers the backbone's HTTP endpoints:
 ``POST /invite/redeem`` (a code, once per peer) and ``POST /invite/renew`` (a member's new token),
 both with a proof that the caller holds the libp2p identity the token is bound to; ``GET
-/invite/info`` says the run id and token lifetime. The issuer's Ed25519 key is ``issuer.key`` in the
+/invite/info`` says the run id and token lifetime. ``POST /invite/report`` (signed the same way, from
+members only, ``REPORTS_PER_HOUR`` each) records a peer that a member's worker banned, for
+``dedloc invite reports``. The issuer's Ed25519 key is ``issuer.key`` in the
 run dir, encrypted with ``$DEDLOC_INVITE_PASSPHRASE`` (never sent anywhere); the catalog entry's
 ``invite_key`` is its public half.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import sqlite3
 import threading
@@ -202,6 +205,55 @@ class InviteStore:
         return self._tx(run)
 
 
+    def add_report(self, reporter: str, reported: str, reason: str, now: float | None = None) -> int | None:
+        """Record that member ``reporter`` banned ``reported``: the number of distinct members who
+        reported it, None when ``reporter`` sent ``REPORTS_PER_HOUR`` already; InviteError unless
+        ``reporter`` is a member in good standing."""
+        now = time.time() if now is None else now
+
+        def run(db):
+            db.execute(_REPORTS_TABLE)
+            row = db.execute("SELECT m.revoked, i.revoked FROM members m JOIN invites i ON i.id = m.invite_id "
+                             "WHERE m.peer_id=?", (reporter,)).fetchone()
+            if row is None:
+                raise InviteError("invite_unknown", "Only members of this experiment may report peers.")
+            if row[0] or row[1]:
+                raise InviteError("invite_revoked", "The organizer revoked this computer's invite.")
+            recent = db.execute("SELECT COUNT(*) FROM reports WHERE reporter=? AND time>?",
+                                (reporter, now - 3600)).fetchone()[0]
+            if recent >= REPORTS_PER_HOUR:
+                return None
+            db.execute("INSERT INTO reports (time, reporter, reported, reason) VALUES (?,?,?,?)",
+                       (now, reporter, reported, reason))
+            return db.execute("SELECT COUNT(DISTINCT reporter) FROM reports WHERE reported=?",
+                              (reported,)).fetchone()[0]
+        return self._tx(run)
+
+    def reports(self) -> list[Report]:
+        """Every member's report of a peer it banned, oldest first."""
+        def run(db):
+            db.execute(_REPORTS_TABLE)
+            return [Report(*row) for row in db.execute(
+                "SELECT time, reporter, reported, reason FROM reports ORDER BY time, id")]
+        return self._tx(run)
+
+
+REPORTS_PER_HOUR = 30  # reports a member may send in an hour: a worker bans a peer once per ban period
+_REPORTS_TABLE = ("CREATE TABLE IF NOT EXISTS reports (id INTEGER PRIMARY KEY, time REAL NOT NULL, "
+                  "reporter TEXT NOT NULL, reported TEXT NOT NULL, reason TEXT NOT NULL)")
+_PEER_ID = re.compile(r"[1-9A-HJ-NP-Za-km-z]{20,64}")  # base58
+
+
+@dataclass(frozen=True)
+class Report:
+    """A member's report that it banned a peer (``POST /invite/report``)."""
+
+    time: float
+    reporter: str
+    reported: str
+    reason: str
+
+
 # --------------------------------------------------------------------------------- issuer key
 def generate_key(run_dir: Path, passphrase: str) -> str:
     """Write a new encrypted ``issuer.key`` (refuses to overwrite one); return its public key text."""
@@ -280,7 +332,7 @@ class Issuer:
         return peer_id
 
     def handle(self, action: str, body: bytes) -> tuple[int, bytes]:
-        """Answer ``POST /invite/<action>`` (redeem or renew): (HTTP status, JSON body)."""
+        """Answer ``POST /invite/<action>`` (redeem, renew or report): (HTTP status, JSON body)."""
         try:
             if len(body) > MAX_BODY:
                 raise InviteError("token_invalid", "The request is too large.")
@@ -299,9 +351,27 @@ class Issuer:
             elif action == "renew":
                 peer_id = self._proven_peer("renew", request)
                 invite_id = self.store.check_member(peer_id)
+            elif action == "report":
+                return self._report(request)
             else:
                 return 404, b'{"error": "not_found"}'
         except InviteError as exc:
             return _STATUS.get(exc.code, 400), json.dumps({"error": exc.code, "message": exc.message}).encode()
         token = self.token_for(peer_id, invite_id)
         return 200, json.dumps({"token": token, "expires": time.time() + self.lifetime}).encode()
+
+    def _report(self, request: dict) -> tuple[int, bytes]:
+        """A member's report of a peer it banned, signed like a renewal: recorded for the organizer
+        (``dedloc invite reports``), who decides whether to revoke that peer."""
+        reported, reason = request.get("reported"), request.get("reason")
+        if not isinstance(reported, str) or not _PEER_ID.fullmatch(reported) or not isinstance(reason, str) \
+                or len(reason) > 200:
+            raise InviteError("token_invalid", "A malformed report.")
+        reporter = self._proven_peer("report", request, f"{reported}\n{reason}")
+        if reporter == reported:
+            raise InviteError("token_invalid", "A peer cannot report itself.")
+        reporters = self.store.add_report(reporter, reported, reason)
+        if reporters is None:
+            return 429, json.dumps({"error": "rate_limited", "message": f"At most {REPORTS_PER_HOUR} reports an "
+                                    "hour from one computer."}).encode()
+        return 200, json.dumps({"recorded": True, "reporters": reporters}).encode()
