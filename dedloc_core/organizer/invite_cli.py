@@ -66,7 +66,8 @@ def _list(args: argparse.Namespace) -> int:
     rows, members = store.list(), store.members()
     if args.json:
         print(json.dumps({"invites": [{"id": i.id, "state": i.state(), "uses": i.uses, "used": i.used, "note": i.note,
-                                       "created": i.created, "expires": i.expires, "peers": list(i.members)}
+                                       "created": i.created, "expires": i.expires, "closed": i.closed,
+                                       "peers": list(i.members)}
                                       for i in rows],
                           "peers": [{"peer_id": p, "invite": inv, "redeemed": r, "revoked": rv}
                                     for p, inv, r, rv in members]}, indent=2))
@@ -85,8 +86,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    print(invites.InviteStore(args.run_dir).revoke(args.target) + "; refused by every peer within one token "
-          "lifetime.")
+    print(invites.InviteStore(args.run_dir).revoke(args.target) + ".\nEvery peer refuses the revoked peer(s) "
+          "within one token lifetime.")
     return 0
 
 
@@ -169,7 +170,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run_dir(listing)
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(func=_reporting(_list))
-    revoke = commands.add_parser("revoke", help="revoke an invite (its code or id) or one peer (its peer id)")
+    revoke = commands.add_parser("revoke", help="revoke an invite (its code or id) or one peer "
+                                                "(its peer id: closes the code it used to new computers)")
     run_dir(revoke)
     revoke.add_argument("target", metavar="CODE|INVITE_ID|PEER_ID")
     revoke.set_defaults(func=_reporting(_revoke))

@@ -12,7 +12,9 @@ run dir, encrypted with ``$DEDLOC_INVITE_PASSPHRASE`` (never sent anywhere); the
 
 A code admits ``uses`` computers (default 1) until ``expires`` (default never); a redeemed peer stays a
 member, renewing its token every half lifetime, until the organizer revokes its peer id or its code.
-A revoked peer's renewal is refused, so every peer refuses it within one token lifetime.
+Revoking a peer also closes the code it redeemed (``closed``): the same volunteer cannot redeem it
+again under a new identity, while the code's other members stay members. A revoked peer's renewal
+is refused, so every peer refuses it within one token lifetime.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ MAX_BODY = 16 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS invites (id TEXT PRIMARY KEY, code_hash TEXT UNIQUE NOT NULL, created REAL NOT NULL,
-    expires REAL, uses INTEGER NOT NULL, note TEXT NOT NULL DEFAULT '', revoked REAL);
+    expires REAL, uses INTEGER NOT NULL, note TEXT NOT NULL DEFAULT '', revoked REAL, closed REAL);
 CREATE TABLE IF NOT EXISTS members (peer_id TEXT PRIMARY KEY, invite_id TEXT NOT NULL, redeemed REAL NOT NULL,
     renewed REAL, revoked REAL);
 """
@@ -76,11 +78,14 @@ class Invite:
     note: str
     revoked: float | None
     members: tuple[str, ...]
+    closed: float | None = None  # no new computers: one of its peers was revoked (its members stay)
 
     def state(self, now: float | None = None) -> str:
         now = time.time() if now is None else now
         if self.revoked:
             return "revoked"
+        if self.closed:
+            return "closed"
         if self.used >= self.uses:
             return "used up"
         if self.expires is not None and self.expires <= now:
@@ -97,6 +102,8 @@ class InviteStore:
         self._lock = threading.Lock()
         with self._db() as db:
             db.executescript(_SCHEMA)
+            if "closed" not in {row[1] for row in db.execute("PRAGMA table_info(invites)")}:
+                db.execute("ALTER TABLE invites ADD COLUMN closed REAL")  # an invites.db from before
 
     def _db(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
@@ -132,13 +139,13 @@ class InviteStore:
 
     def list(self) -> list[Invite]:
         def read(db):
-            rows = db.execute("SELECT id, created, expires, uses, note, revoked FROM invites "
+            rows = db.execute("SELECT id, created, expires, uses, note, revoked, closed FROM invites "
                               "ORDER BY created").fetchall()
             out = []
             for row in rows:
                 members = tuple(m for (m,) in db.execute(
                     "SELECT peer_id FROM members WHERE invite_id=? ORDER BY redeemed", (row[0],)))
-                out.append(Invite(row[0], row[1], row[2], row[3], len(members), row[4], row[5], members))
+                out.append(Invite(row[0], row[1], row[2], row[3], len(members), row[4], row[5], members, row[6]))
             return out
         return self._tx(read)
 
@@ -148,7 +155,8 @@ class InviteStore:
             "SELECT peer_id, invite_id, redeemed, revoked FROM members ORDER BY redeemed").fetchall())
 
     def revoke(self, target: str) -> str:
-        """Revoke an invite (by code or id: its peers too) or one peer (by peer id); say what was revoked."""
+        """Revoke an invite (by code or id: its peers too) or one peer (by peer id: the code it redeemed
+        is closed to new computers, its other members stay); say what was revoked."""
         now = time.time()
 
         def run(db):
@@ -157,9 +165,16 @@ class InviteStore:
                 db.execute("UPDATE invites SET revoked=COALESCE(revoked, ?) WHERE id=?", (now, row[0]))
                 n = db.execute("UPDATE members SET revoked=COALESCE(revoked, ?) WHERE invite_id=?", (now, row[0]))
                 return f"Revoked invite {row[0]} and its {n.rowcount} peer(s)"
-            n = db.execute("UPDATE members SET revoked=COALESCE(revoked, ?) WHERE peer_id=?", (now, target))
-            if n.rowcount:
-                return f"Revoked peer {target}"
+            member = db.execute("SELECT invite_id FROM members WHERE peer_id=?", (target,)).fetchone()
+            if member:
+                # the code it used, closed too: else the same volunteer redeems it again under a new identity
+                db.execute("UPDATE members SET revoked=COALESCE(revoked, ?) WHERE peer_id=?", (now, target))
+                db.execute("UPDATE invites SET closed=COALESCE(closed, ?) WHERE id=?", (now, member[0]))
+                others = db.execute("SELECT COUNT(*) FROM members WHERE invite_id=? AND revoked IS NULL",
+                                    (member[0],)).fetchone()[0]
+                return (f"Revoked peer {target} and closed the code it used (invite {member[0]}) to new "
+                        f"computers; its {others} other member(s) stay members (revoke them by peer id, or "
+                        f"all with `dedloc invite revoke --run-dir DIR {member[0]}`)")
             raise DedlocError(f"No invite code, invite id or peer id {target!r} in {self.path}.",
                               title="Nothing to revoke", code="invite_unknown",
                               hint="`dedloc invite list --run-dir DIR` shows the invites and peers.")
@@ -170,16 +185,19 @@ class InviteStore:
         now = time.time() if now is None else now
 
         def run(db):
-            row = db.execute("SELECT id, expires, uses, revoked FROM invites WHERE code_hash=?",
+            row = db.execute("SELECT id, expires, uses, revoked, closed FROM invites WHERE code_hash=?",
                              (code_hash(code),)).fetchone()
             if row is None:
                 raise InviteError("invite_unknown", "The organizer's server does not know this invite code.")
-            invite_id, expires, uses, revoked = row
+            invite_id, expires, uses, revoked, closed = row
             member = db.execute("SELECT invite_id, revoked FROM members WHERE peer_id=?", (peer_id,)).fetchone()
             if revoked or (member and member[1]):
                 raise InviteError("invite_revoked", "The organizer revoked this invite.")
             if member and member[0] == invite_id:
                 return invite_id  # redeemed before by this very peer
+            if closed:
+                raise InviteError("invite_revoked", "The organizer revoked a computer that used this invite code, "
+                                                    "which closed it to new computers.")
             if expires is not None and expires <= now:
                 raise InviteError("invite_expired", "This invite code has expired.")
             used = db.execute("SELECT COUNT(*) FROM members WHERE invite_id=?", (invite_id,)).fetchone()[0]
@@ -190,6 +208,12 @@ class InviteStore:
                        (peer_id, invite_id, now))
             return invite_id
         return self._tx(run)
+
+    def revoked_peers(self, since: float) -> list[tuple[str, float]]:
+        """(peer id, revoked) of the members revoked at or after ``since``, oldest first: the peers
+        whose tokens may still be valid (the revocation list the keeper publishes)."""
+        return self._tx(lambda db: db.execute(
+            "SELECT peer_id, revoked FROM members WHERE revoked >= ? ORDER BY revoked, peer_id", (since,)).fetchall())
 
     def check_member(self, peer_id: str) -> str:
         """The invite id of a member in good standing (for a renewal), or InviteError."""
@@ -203,7 +227,6 @@ class InviteStore:
             db.execute("UPDATE members SET renewed=? WHERE peer_id=?", (time.time(), peer_id))
             return row[0]
         return self._tx(run)
-
 
     def add_report(self, reporter: str, reported: str, reason: str, now: float | None = None) -> int | None:
         """Record that member ``reporter`` banned ``reported``: the number of distinct members who
