@@ -1,8 +1,9 @@
 """Invited volunteers end to end: a real ``dedloc backbone`` issuing tokens (lifetime 6 s), real
 workers that read their invite code from a real Secret Service (gnome-keyring in a private D-Bus
-session, as in LAB.md), redeem it over the backbone's HTTP endpoint, train, renew their tokens
-during the test and keep averaging across the renewals; a revoked one stops with invite_revoked,
-one without a code with invite_missing."""
+session, as in LAB.md), redeem it over the backbone's HTTP endpoint, fetch their shards from the
+backbone (members only: with the token), train, renew their tokens during the test and keep
+averaging across the renewals; a revoked one stops with invite_revoked, one without a code with
+invite_missing. The app sends the stored token for the members' swarm summary."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
 
 import pytest
 from conftest import start_command, tiny_experiment
@@ -72,8 +76,7 @@ RENEWED = "Access token renewed"
 
 
 @pytest.mark.slow
-def test_invited_volunteers_redeem_train_and_renew(secret_service, tmp_path, monkeypatch, spawn_worker,
-                                                   corpus_server):
+def test_invited_volunteers_redeem_train_and_renew(secret_service, tmp_path, monkeypatch, spawn_worker):
     from dedloc_core import secrets
     from dedloc_core.organizer import invites as org
 
@@ -89,11 +92,15 @@ def test_invited_volunteers_redeem_train_and_renew(secret_service, tmp_path, mon
     backbone, ready, _ = start_backbone(exp, tmp_path, http=True,
                                         extra=("--http-port", str(port), "--token-lifetime", "6"))
     try:
+        data = SimpleNamespace(url=ready["http_url"])  # the backbone's /data/: for members only
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(ready["http_url"] + exp["data"]["shards"][0]["url"], timeout=10)
+        assert refused.value.code == 401
         peers = []
         for i in range(2):
             worker = spawn_worker(f"v{i}")
-            assert worker.send(start_command(corpus_server, worker.home, initial_peers=ready["maddrs"], seed=i,
-                                             **gated))
+            assert not (worker.home / "identity.key").exists()  # written by the data fetch (invited.data_token)
+            assert worker.send(start_command(data, worker.home, initial_peers=ready["maddrs"], seed=i, **gated))
             peer = SwarmPeer(worker)
             peer.name = f"v{i}"
             peers.append(peer)
@@ -157,3 +164,29 @@ def test_a_volunteer_without_a_code_is_told_so(secret_service, tmp_path, monkeyp
             time.sleep(0.1)
     assert [(e.code, e.fatal) for e in peer.errors] == [("invite_missing", True)]
     assert "invite code" in peer.errors[0].message and peer.errors[0].hint
+
+
+def test_the_app_sends_the_stored_token_for_the_members_swarm_summary(secret_service, tmp_path, monkeypatch):
+    """The app's swarm summary of an invite-only experiment comes with the token the worker keeps
+    in the keyring: the members' view (peer ids, so "you" on the leaderboard); without a stored or
+    valid token, the public one."""
+    import msgspec
+    from test_closed_backbone import ALICE, backbone
+
+    from app.controller import Controller
+    from dedloc_core import secrets
+    from dedloc_core.catalog.model import Experiment
+    from dedloc_core.stats.swarmview import fetch_summary
+
+    with backbone(tmp_path, monkeypatch) as (url, node):
+        closed = node._load_catalog()[1]
+        open_one = msgspec.structs.replace(closed, needs_token=False, invite_key=None, invite_url=None)
+        assert isinstance(closed, Experiment) and Controller._member_token(open_one) is None
+        assert Controller._member_token(closed) is None  # nothing stored yet
+        assert fetch_summary(url + "swarm.json", token=Controller._member_token(closed)).redacted
+        secrets.set_token(closed.id, node.issuer.token_for(ALICE, "inv1"))
+        try:
+            full = fetch_summary(url + "swarm.json", token=Controller._member_token(closed))
+            assert not full.redacted and full.leaderboard[0].peer_id == ALICE
+        finally:
+            secrets.delete_token(closed.id)
