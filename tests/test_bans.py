@@ -1,7 +1,8 @@
-"""Bans that hold (``engine/bans.py``, ``engine/robust.py``): one ban list per worker, kept in the
-data dir across restarts until it expires (real files, new processes); a broken file is a warning;
-in an invite-only experiment each ban is reported to the backbone's real HTTP side, members only,
-and ``dedloc invite reports`` lists it."""
+"""Bans that hold (``engine/bans.py``, ``engine/robust.py``, ``hivemind_ext.robust_reduce``): one ban
+list per worker, shared by its averager processes (a real swarm on loopback, in a probe); kept in
+the data dir across restarts until it expires (real files, new processes); a broken file is a
+warning; in an invite-only experiment each ban is reported to the backbone's real HTTP side,
+members only, and ``dedloc invite reports`` lists it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from conftest import tiny_experiment
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from probes import ROOT
+from probes import ROOT, probe_json
 
 from dedloc_core import invites
 from dedloc_core.catalog import Experiment, public_key_line
@@ -208,3 +209,78 @@ def test_only_members_may_report_and_each_only_so_often(backbone, monkeypatch):
         invites.report(url, alice, RUN, EVE, "failed a check")
     assert [(r.reported, r.reason) for r in issuer.store.reports()] == [
         (MALLORY, "returned a wrong average"), (MALLORY, "sent NaN or inf (3 times)"), (EVE, "failed a check")]
+
+
+# ------------------------------------------------------------------- shared by the worker's averagers
+# A worker's two averagers (gradients, state: two forked processes, as hivemind.Optimizer makes them)
+# and an attacker's two. The attacker (a client: the worker's gradient averager reduces everything)
+# sends NaN; one dropped part bans it there (STRIKES = 1). Then the worker's *state* averager meets
+# the attacker: a round together, a download of its state, and the attacker's download of ours.
+SHARED = """
+import json, sys, time
+import torch, hivemind
+from hivemind.p2p import PeerID
+from dedloc_core.engine import bans, hivemind_ext, robust
+hivemind_ext.install()
+robust.STRIKES = 1
+first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+other = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                     initial_peers=[str(a) for a in first.get_visible_maddrs()])
+attacker = str(other.peer_id)
+opts = dict(target_group_size=2, min_matchmaking_time=3.0, request_timeout=1.0)
+Averager = hivemind.averaging.DecentralizedAverager
+# the attacker's averagers are forked before the worker makes its ban list: they have their own
+bad_grad = Averager([torch.full((1000,), float("nan"))], dht=other, prefix="grad", client_mode=True, start=True,
+                    **opts)
+bad_state = Averager([torch.full((1000,), 5.0)], dht=other, prefix="state", start=True, **opts)
+bans.load("shared_run")  # the worker, before hivemind forks its averagers
+grad = Averager([torch.full((1000,), 1.0)], dht=first, prefix="grad", start=True, **opts)
+state = Averager([torch.full((1000,), 1.0)], dht=first, prefix="state", start=True, **opts)
+futures = [a.step(wait=False, timeout=30, allow_retries=False) for a in (grad, bad_grad)]
+try:
+    futures[0].result(timeout=60)
+except Exception as exc:
+    pass
+deadline = time.monotonic() + 20
+while not bans.banned(attacker) and time.monotonic() < deadline:
+    time.sleep(0.1)
+seen_in_main = bans.banned(attacker)
+saved = [b["peer"] for b in json.loads(bans.file_for("shared_run").read_text())["bans"]]
+
+futures = [a.step(wait=False, timeout=12, allow_retries=False) for a in (state, bad_state)]
+outcomes = []
+for f in futures:
+    try:
+        outcomes.append(len(f.result(timeout=60)))
+    except Exception as exc:
+        outcomes.append(type(exc).__name__)
+with state.get_tensors() as tensors:
+    state_value = float(tensors[0].mean())
+deadline = time.monotonic() + 20  # the attacker's state is declared for download
+while time.monotonic() < deadline:
+    found = first.get("state.all_averagers", latest=True)
+    if found and any(str(PeerID(k)) == attacker for k in found.value):
+        break
+    time.sleep(0.2)
+got = state.load_state_from_peers(timeout=10)
+gave = bad_state.load_state_from_peers(timeout=10)
+print(json.dumps({"seen_in_main": seen_in_main, "saved": saved, "attacker": attacker, "outcomes": outcomes,
+                  "state_value": state_value,
+                  "downloaded": None if got is None else float(got[1][0].mean()),
+                  "served": None if gave is None else float(gave[1][0].mean())}))
+for a in (grad, state, bad_grad, bad_state):
+    a.shutdown()
+for d in (first, other):
+    d.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_a_peer_banned_by_one_averager_is_refused_by_the_others(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEDLOC_HOME", str(tmp_path))
+    monkeypatch.delenv("DEDLOC_HELPER_THREADS", raising=False)  # averagers as forked processes
+    seen = probe_json(SHARED, timeout=240)
+    assert seen["seen_in_main"] and seen["saved"] == [seen["attacker"]], seen  # the main process sees it, saved
+    assert seen["state_value"] == pytest.approx(1.0), seen  # no round with the attacker: (1 + 5) / 2 without
+    assert all(isinstance(o, str) for o in seen["outcomes"]), seen
+    assert seen["downloaded"] is None and seen["served"] is None, seen  # no state from it, none to it

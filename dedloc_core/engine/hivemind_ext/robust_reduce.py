@@ -5,32 +5,39 @@ Upstream: ``hivemind/averaging/partition.py``: ``TensorPartReducer.accumulate_pa
 ``on_sender_failed`` (wrapped), ``TensorPartContainer.register_processed_part`` (wrapped);
 ``hivemind/averaging/allreduce.py``: ``AllReduceRunner.__init__`` (wrapped: peer names for the
 log); ``hivemind/averaging/matchmaking.py``: ``Matchmaking._check_reasons_to_reject`` and
-``_request_join_group`` (wrapped).
+``_request_join_group`` (wrapped); ``hivemind/averaging/averager.py``:
+``DecentralizedAverager.rpc_download_state`` (wrapped) and ``get_stub`` (``ServicerBase``'s, wrapped
+for averagers: a banned peer's stub answers ``rpc_download_state`` with nothing, which
+``_load_state_from_peers`` takes as "no state there, try the next peer").
 
 Without it: ``TensorPartReducer`` adds every sender's part to a weighted mean, NaN and all: one
 broken or hostile peer poisons every peer's step. A reducer that returns an average with NaN or
-inf has it added to every peer's tensors.
+inf has it added to every peer's tensors. A peer caught by one averager process goes on averaging
+with the others, and serves its state to newcomers.
 
 Fix: ``accumulate_part`` drops a non-finite part (that sender leaves this round, named in the log,
 with a strike, see ``engine/robust.py``) and, with ``robust.configure("centered_clip")``, keeps
 the parts and returns their centered clip instead of the mean. An average with NaN or inf that a
 reducer returns is not used: that reducer's parts count as failed (the round fails,
 ``partial_rounds``) and it gets a strike. ``on_sender_failed`` is idempotent (a dropped sender is
-banned by the runner too). ``Matchmaking`` neither accepts nor follows a peer that
-``robust.banned`` (one dropped again and again). A reducer's part whose sender vanished (not
-dropped for its content) is answered with an error: ``partial_rounds`` says why.
+banned by the runner too). A peer that ``robust.banned`` (one dropped again and again, or caught
+lying, in any of this worker's averagers: ``engine/bans.py``) is neither accepted nor followed by
+``Matchmaking``, its state is never downloaded and it gets none of ours. A reducer's part whose
+sender vanished (not dropped for its content) is answered with an error: ``partial_rounds`` says why.
 
 Kind: our policy (the partial-round answer in ``check_current_part_finished`` is the bug fix of
 ``partial_rounds``: docs/hivemind/robust_reduce.patch)
 
 Shown: ``tests/test_robust.py`` (slow: without it one NaN peer poisons every honest peer; with it the
 average is the honest one; centered clip holds against an amplified peer; a NaN reducer fails the
-round instead).
+round instead); ``tests/test_bans.py`` (slow: a peer banned by one averager is refused by the other's
+matchmaking and state download).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 REPLACES = [
@@ -42,13 +49,16 @@ REPLACES = [
     "hivemind.averaging.allreduce.AllReduceRunner.__init__",
     "hivemind.averaging.matchmaking.Matchmaking._check_reasons_to_reject",
     "hivemind.averaging.matchmaking.Matchmaking._request_join_group",
+    "hivemind.averaging.averager.DecentralizedAverager.rpc_download_state",
+    "hivemind.averaging.averager.DecentralizedAverager._load_state_from_peers",
+    "hivemind.p2p.servicer.ServicerBase.get_stub",
 ]
 
 log = logging.getLogger(__name__)
 
 
 def install() -> None:
-    from hivemind.averaging import allreduce, matchmaking, partition
+    from hivemind.averaging import allreduce, averager, matchmaking, partition
     from hivemind.proto import averaging_pb2
 
     from dedloc_core.engine import robust
@@ -85,7 +95,7 @@ def install() -> None:
                 names = getattr(self, "sender_names", None)
                 peer = names[sender_index] if names else f"sender {sender_index}"
                 log.warning("Dropped part %d from %s: it holds NaN or inf; it leaves this round", part_index, peer)
-                robust.strike(peer)
+                robust.strike(peer, "sent NaN or inf")
                 self.dropped.add(sender_index)
                 self.on_sender_failed(sender_index)
                 raise partition.BannedException(f"{peer} sent a non-finite part")
@@ -131,7 +141,7 @@ def install() -> None:
             names = getattr(self, "reducer_names", None)
             peer = names[peer_index] if names else f"reducer {peer_index}"
             log.warning("%s returned average %d with NaN or inf: the round fails", peer, part_index)
-            robust.strike(peer)
+            robust.strike(peer, "returned a NaN or inf average")
             raise partition.AllreduceException(f"{peer} returned a non-finite average")
         register(self, peer_index, part_index, part)
 
@@ -160,3 +170,29 @@ def install() -> None:
 
     mm._check_reasons_to_reject = _check_reasons_to_reject
     mm._request_join_group = _request_join_group
+
+    avg = averager.DecentralizedAverager
+    download, stub_for = avg.rpc_download_state, avg.get_stub.__func__
+
+    @functools.wraps(download)  # hivemind builds its handler from the names and annotations
+    async def rpc_download_state(self, _request, _context):
+        if robust.banned(str(_context.remote_id)):
+            return
+        async for message in download(self, _request, _context):
+            yield message
+
+    async def no_state():
+        return
+        yield
+
+    async def refuse_download(*_args, **_kwargs):
+        return no_state()
+
+    def get_stub(cls, p2p, peer, *, namespace=None):
+        stub = stub_for(cls, p2p, peer, namespace=namespace)
+        if robust.banned(str(peer)):  # an empty answer: _load_state_from_peers and prefetch try the next peer
+            stub.rpc_download_state = refuse_download
+        return stub
+
+    avg.rpc_download_state = rpc_download_state
+    avg.get_stub = classmethod(get_stub)
