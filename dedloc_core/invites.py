@@ -9,6 +9,11 @@ bytes), so a token proves "the organizer let this peer id into this run until ``
 A peer proves it holds its libp2p identity (an RSA key) by signing ``proof_message(...)`` with it;
 ``peer_id_of_der`` gives the peer id of an RSA public key as libp2p does (``PeerID.from_identity``).
 
+A revocation list is ``rl1.<payload>.<signature>``: the payload is JSON ``{"run": run id, "iat": issued,
+"peers": [peer ids]}`` (the members revoked within the last token lifetime, whose tokens may still be
+valid), signed by the same issuer key with the domain ``b"dedloc-revoked/1\\n"``. The backbone
+publishes it in the DHT; every peer refuses the peers it names (``engine/gate.py``).
+
 ``InviteError`` codes: invite_missing, invite_unknown, invite_expired, invite_revoked, invite_used_up,
 invite_unreachable, invite_unconfigured, token_invalid. ``cryptography`` is imported inside the
 functions, so this module stays light.
@@ -134,6 +139,50 @@ def is_valid(token: str, public_key, run_id: str, peer_id: str | None = None, no
         return True
     except InviteError:
         return False
+
+
+# --------------------------------------------------------------------------- revocation list
+_REVOKED_PREFIX = "rl1"
+_REVOKED_DOMAIN = b"dedloc-revoked/1\n"
+
+
+@dataclass(frozen=True)
+class Revocations:
+    """A verified revocation list: the peers of ``run_id`` to refuse, as of ``issued``."""
+
+    run_id: str
+    issued: float
+    peers: frozenset[str]
+
+
+def sign_revocations(private_key, run_id: str, peers, issued: float | None = None) -> str:
+    """The signed revocation list naming ``peers`` (peer ids) for ``run_id``."""
+    issued = time.time() if issued is None else issued
+    payload = json.dumps({"run": run_id, "iat": round(issued, 3), "peers": sorted(set(peers))},
+                         separators=(",", ":"), sort_keys=True).encode()
+    return ".".join([_REVOKED_PREFIX, _b64(payload), _b64(private_key.sign(_REVOKED_DOMAIN + payload))])
+
+
+def read_revocations(text: str, public_key, run_id: str) -> Revocations:
+    """A revocation list signed by ``public_key`` for ``run_id``; InviteError(token_invalid) otherwise."""
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        prefix, payload_text, sig_text = text.split(".")
+        if prefix != _REVOKED_PREFIX:
+            raise ValueError("not a revocation list")
+        payload = _unb64(payload_text)
+        public_key.verify(_unb64(sig_text), _REVOKED_DOMAIN + payload)
+        data = json.loads(payload)
+        peers = data["peers"]
+        if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
+            raise ValueError("peers is not a list of peer ids")
+        revocations = Revocations(str(data["run"]), float(data["iat"]), frozenset(peers))
+    except (InvalidSignature, ValueError, KeyError, TypeError, AttributeError, binascii.Error):
+        raise InviteError("token_invalid", "The revocation list is not one the organizer signed.") from None
+    if revocations.run_id != run_id:
+        raise InviteError("token_invalid", f"The revocation list is for run {revocations.run_id!r}, not {run_id!r}.")
+    return revocations
 
 
 # ---------------------------------------------------------------------------------- identities

@@ -10,17 +10,32 @@ creating the DHT and the averagers (the processes hivemind forks inherit it), tu
   (progress, metrics, group keys), and its answers are ignored.
 - matchmaking and all-reduce (``hivemind_ext.invite_gate``): ``admits(dht, peer)`` tells whether a
   peer has published a valid token under ``{run_id}_invites`` in the DHT (cached until the token
-  expires; an unknown peer costs at most one DHT read a second).
+  expires). A peer not (yet) known is looked up at once, for its own request: at most one DHT read a
+  second per peer id and ``READS_PER_S`` in all. A throttle shared by all peers would refuse a
+  member whose request comes within a second of a read for another peer: right after joining, and
+  when its cached token expires and the renewed one has to be read.
+- revocation: the backbone's keeper publishes the organizer's signed revocation list under
+  ``{run_id}_revoked`` (``publish_revocations``: the peers revoked within the last token lifetime,
+  refreshed every ``REVOKED_PUBLISH_S`` and on change). ``RevocationWatcher``, a thread of the main
+  process started by the first ``publish``, reads it every ``REVOKED_READ_S`` and puts the newest
+  list signed by the issuer into shared memory (``configure`` makes it, before hivemind forks), where
+  ``admits`` and ``InviteAuthorizer`` in every process read it: a listed peer is refused from then on,
+  valid token or not. A list whose signature fails is ignored with a warning. Without it a revoked
+  worker that ignores the refusal of its renewal goes on until its token expires (the default
+  lifetime is half an hour).
 
 ``TokenHolder`` keeps this peer's current token in shared memory, so the DHT and the averagers see
-each renewal, whether threads or forked processes; ``publish`` stores it in the DHT for the other peers.
+each renewal, whether threads or forked processes; ``publish`` stores it in the DHT for the other
+peers and returns once it is stored, so a peer's token is readable before its averagers ask anyone.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import threading
 import time
+from collections import deque
 
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils import get_dht_time
@@ -31,27 +46,39 @@ from dedloc_core import invites
 
 logger = logging.getLogger(__name__)
 
-REFETCH_S = 1.0  # at most one registry read a second for peers not (yet) known
+REFETCH_S = 1.0  # at most one registry read a second for each peer not (yet) known
+READS_PER_S = 10  # and at most this many registry reads a second in all (a flood of unknown peer ids)
+PUBLISH_WAIT_S = 10.0  # how long ``publish`` waits for the DHT to store a token
+REVOKED_READ_S = 15.0  # every peer reads the revocation list this often
+REVOKED_PUBLISH_S = 30.0  # the keeper stores it again this often (and at once when it changes)
+REVOKED_TTL_S = 120.0  # a stored list lives this long in the DHT; peers keep the last one they read
 _MAX_TOKEN = 4096
+_MAX_REVOKED = 256 * 1024  # bytes of peer ids in shared memory: about 5,000 revoked peers
 
 _run_id: str | None = None
 _public_key = None
 _known: dict[str, float] = {}  # peer id -> expiry of its valid token (per process)
-_last_fetch = 0.0
+_fetched: dict[str, float] = {}  # peer id -> monotonic time of the last registry read for it (per process)
+_reads: deque[float] = deque()  # monotonic times of the registry reads in the last second (per process)
+_revoked: _RevokedBoard | None = None
+_watchers: dict[int, RevocationWatcher] = {}  # id(dht) -> its watcher (main process)
 
 
 def configure(run_id: str, invite_key: str) -> None:
     """Turn the checks on for ``run_id`` with the issuer key from the catalog (base64 Ed25519)."""
-    global _run_id, _public_key, _last_fetch
+    global _run_id, _public_key, _revoked
+    _stop_watchers()
     _public_key = invites.load_public_key(invite_key)
     _run_id = run_id
     _known.clear()
-    _last_fetch = 0.0
+    _fetched.clear()
+    _revoked = _RevokedBoard()  # shared with the DHT and averagers that hivemind forks after this
 
 
 def disable() -> None:
-    global _run_id, _public_key
-    _run_id, _public_key = None, None
+    global _run_id, _public_key, _revoked
+    _stop_watchers()
+    _run_id, _public_key, _revoked = None, None, None
     _known.clear()
 
 
@@ -61,6 +88,15 @@ def active() -> bool:
 
 def registry_key(run_id: str) -> str:
     return f"{run_id}_invites"
+
+
+def revoked_key(run_id: str) -> str:
+    return f"{run_id}_revoked"
+
+
+def is_revoked(peer_id: str) -> bool:
+    """Whether the organizer's revocation list (as last read by this peer) names ``peer_id``."""
+    return _revoked is not None and peer_id in _revoked.peers()
 
 
 def valid(token: str, peer_id: str | None = None) -> invites.Claims | None:
@@ -80,16 +116,34 @@ def learn(token: str) -> None:
         _known[claims.peer_id] = max(_known.get(claims.peer_id, 0.0), claims.expires)
 
 
+def _may_read_for(peer_id: str) -> bool:
+    """Whether an unknown ``peer_id`` gets a registry read now: not within ``REFETCH_S`` of its
+    last one, and not over ``READS_PER_S`` reads in the last second."""
+    now = time.monotonic()
+    if now - _fetched.get(peer_id, float("-inf")) < REFETCH_S:
+        return False
+    while _reads and now - _reads[0] >= 1.0:
+        _reads.popleft()
+    if len(_reads) >= READS_PER_S:
+        return False
+    if len(_fetched) > 10_000:
+        _fetched.clear()
+    _fetched[peer_id] = now
+    _reads.append(now)
+    return True
+
+
 async def admits(dht, peer) -> bool:
     """Whether ``peer`` (a PeerID or its base58) may take part: always when the gate is off."""
-    global _last_fetch
     if not active():
         return True
     peer_id = peer if isinstance(peer, str) else peer.to_base58()
+    if is_revoked(peer_id):
+        logger.info("Refused peer %s: the organizer revoked it", peer_id)
+        return False
     if _known.get(peer_id, 0.0) > time.time():
         return True
-    if time.monotonic() - _last_fetch >= REFETCH_S:
-        _last_fetch = time.monotonic()
+    if _may_read_for(peer_id):
         try:
             found = await dht.get(registry_key(_run_id), latest=True, return_future=True)
         except Exception as exc:  # a failed read admits no one new
@@ -112,8 +166,123 @@ def publish(dht, token: str, subkey) -> None:
     if claims is None:
         raise invites.InviteError("token_invalid", "This peer's token is not valid for this swarm.")
     learn(token)
-    dht.store(registry_key(_run_id), subkey=subkey, value=token,
-              expiration_time=get_dht_time() + claims.remaining(), return_future=True)
+    stored = dht.store(registry_key(_run_id), subkey=subkey, value=token,
+                       expiration_time=get_dht_time() + claims.remaining(), return_future=True)
+    _watch(dht)
+    try:  # stored before this peer asks anyone to admit it (a state download, matchmaking)
+        if not stored.result(timeout=PUBLISH_WAIT_S):
+            logger.warning("No DHT peer took this peer's invite token; peers may refuse it for a while")
+    except Exception as exc:  # the other peers find the token later, when the DHT takes it
+        logger.warning("Publishing this peer's invite token failed: %s", exc)
+
+
+def publish_revocations(dht, private_key, peers, subkey) -> None:
+    """The keeper's side: store the revocation list naming ``peers``, signed with the issuer's
+    ``private_key`` (under ``subkey``: the keeper's ``[owner:...]`` key, so no member can overwrite
+    it with an older list), and refuse them here at once."""
+    text = invites.sign_revocations(private_key, _run_id, peers)
+    if _revoked is not None:
+        _revoked.put(invites.read_revocations(text, _public_key, _run_id))
+    dht.store(revoked_key(_run_id), subkey=subkey, value=text, expiration_time=get_dht_time() + REVOKED_TTL_S,
+              return_future=True)
+
+
+def refresh_revocations(dht, timeout: float = 10.0) -> invites.Revocations | None:
+    """Read the revocation list from the DHT and keep the newest one the issuer signed in shared
+    memory (lists signed by anyone else are ignored, with a warning); that list, or None."""
+    if not active():
+        return None
+    key = revoked_key(_run_id)
+    found = dht.get(key, latest=True, return_future=True).result(timeout=timeout)
+    newest = None
+    if found is not None and isinstance(found.value, dict):
+        for entry in found.value.values():
+            if not isinstance(entry.value, str) or len(entry.value) > _MAX_REVOKED:
+                continue
+            try:
+                revocations = invites.read_revocations(entry.value, _public_key, _run_id)
+            except invites.InviteError as exc:
+                logger.warning("Ignored a revocation list under %s: %s", key, exc.message)
+                continue
+            if newest is None or revocations.issued > newest.issued:
+                newest = revocations
+    if newest is not None and _revoked is not None and _revoked.put(newest):
+        logger.info("Revocation list of %s: %d revoked peer(s)", time.strftime("%H:%M:%S",
+                    time.localtime(newest.issued)), len(newest.peers))
+    return newest
+
+
+class RevocationWatcher:
+    """Reads the revocation list every ``REVOKED_READ_S`` (``refresh_revocations``) on a thread of the
+    main process while ``dht`` runs, so this peer's DHT and averagers refuse revoked peers."""
+
+    def __init__(self, dht, period: float = REVOKED_READ_S):
+        self.dht, self.period = dht, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="revocation-list", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.dht.is_alive():
+            try:
+                refresh_revocations(self.dht)
+            except Exception as exc:  # the DHT is down or slow: keep the last list, try again
+                logger.debug("Reading the revocation list failed: %s", exc)
+            self._stop.wait(self.period)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+def _watch(dht) -> None:
+    """Watch the revocation list while ``dht`` runs (once per DHT: the first ``publish`` starts it)."""
+    watcher = _watchers.get(id(dht))
+    if watcher is None or not watcher.alive() or watcher.dht is not dht:
+        _watchers[id(dht)] = RevocationWatcher(dht)
+
+
+def _stop_watchers() -> None:
+    for watcher in _watchers.values():
+        watcher.stop()
+    _watchers.clear()
+
+
+class _RevokedBoard:
+    """The newest revocation list this peer read, in shared memory: written by the main process,
+    read by the DHT and the averagers (threads or forked processes), each parsing it once per change."""
+
+    def __init__(self):
+        self._buffer = mp.Array("c", _MAX_REVOKED)
+        self._issued = mp.RawValue("d", 0.0)
+        self._version = mp.RawValue("q", 0)
+        self._seen, self._peers = 0, frozenset()  # this process's copy
+
+    def put(self, revocations: invites.Revocations) -> bool:
+        """Keep ``revocations`` if it is newer than the list held; whether it was."""
+        data = "\n".join(sorted(revocations.peers)).encode()
+        if len(data) >= _MAX_REVOKED:
+            logger.error("The revocation list names %d peers, more than this peer can hold: the first %d "
+                         "bytes are used", len(revocations.peers), _MAX_REVOKED)
+            data = data[:data.rfind(b"\n", 0, _MAX_REVOKED - 1)]
+        with self._buffer.get_lock():
+            if revocations.issued <= self._issued.value:
+                return False
+            self._buffer.value = data
+            self._issued.value = revocations.issued
+            self._version.value += 1
+        return True
+
+    def peers(self) -> frozenset[str]:
+        if self._version.value != self._seen:
+            with self._buffer.get_lock():
+                self._seen, raw = self._version.value, self._buffer.value
+            self._peers = frozenset(raw.decode().split("\n")) - {""}
+        return self._peers
 
 
 class TokenHolder:
@@ -158,9 +327,24 @@ class InviteAuthorizer(TokenAuthorizerBase):
     def is_token_valid(self, access_token: AccessToken) -> bool:
         key = (access_token.username, bytes(access_token.public_key))
         now = time.time()
-        expires = self._checked.get(key)
-        if expires is not None:
-            return expires > now
+        checked = self._checked.get(key)
+        if checked is None:
+            checked = self._check(access_token)
+            if len(self._checked) > 10_000:
+                self._checked.clear()
+            self._checked[key] = checked
+        expires, peer_id = checked
+        if peer_id is not None and is_revoked(peer_id):  # not cached: the list may name it later
+            logger.debug("DHT message from revoked peer %s refused", peer_id)
+            return False
+        if expires <= now and peer_id is not None:
+            logger.debug("DHT message with an expired invite token of %s refused", peer_id)
+        return expires > now
+
+    @staticmethod
+    def _check(access_token: AccessToken) -> tuple[float, str | None]:
+        """(until when the token counts, its peer id). A bad token never counts: its signature, run
+        and key binding cannot change, so it is cached as expired since 0."""
         claims = valid(access_token.username)
         ok = False
         if claims is not None:
@@ -169,12 +353,10 @@ class InviteAuthorizer(TokenAuthorizerBase):
                 ok = invites.peer_id_of_der(der) == claims.peer_id
             except Exception:  # a malformed key is just invalid
                 ok = False
-        if len(self._checked) > 10_000:
-            self._checked.clear()
-        self._checked[key] = claims.expires if ok else now + 5.0  # a bad token stays bad for a while
         if not ok:
             logger.debug("DHT message with an invalid invite token refused")
-        return ok and claims.expires > now
+            return 0.0, None
+        return claims.expires, claims.peer_id
 
 
 def _der(public_key: RSAPublicKey) -> bytes:

@@ -2,7 +2,9 @@
 writes checkpoints (``dedloc_core.organizer.backbone`` runs it once its HTTP side is up).
 
 ``keep`` runs until ``stop`` is set; ``SyncKeeper`` follows a synchronous swarm, ``DilocoKeeper`` a
-DiLoCo swarm's outer model; ``Checkpoint`` writes the model and optimizer state atomically.
+DiLoCo swarm's outer model; ``Checkpoint`` writes the model and optimizer state atomically. In an
+invite-only swarm the keeper also holds the backbone's own token (``_OwnToken``) and publishes the
+organizer's signed revocation list (``_RevocationList``).
 """
 
 from __future__ import annotations
@@ -58,8 +60,11 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
     dht = swarm.start_dht(cfg)
     serve_dialback(dht)  # volunteers ask us whether we can reach them
     subkey = metrics.add_validators(dht, exp.run_id)
+    revocations = None
     if issuer is not None:
         own_token = _OwnToken(issuer, peer_id, holder, lambda token: gate.publish(dht, token, subkey=subkey))
+        revocations = _RevocationList(issuer, dht, subkey)
+        revocations.publish_if_due()
     keeper = _keeper(exp, args, dht, cfg, model, recipe)
     opt = keeper.opt
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -76,6 +81,8 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
         while not stop.wait(args.poll):
             if own_token is not None:
                 own_token.renew_if_due()
+            if revocations is not None:
+                revocations.publish_if_due()
             if keeper.catch_up():
                 logger.info("Caught up with global step %d", opt.local_epoch)
             if opt.local_epoch >= last_saved + args.checkpoint_every:
@@ -106,6 +113,29 @@ class _OwnToken:
             self.holder.set(token)
             self.publish(token)
             self.due = time.monotonic() + self.issuer.lifetime / 2
+
+
+class _RevocationList:
+    """The peers the organizer revoked within the last token lifetime (whose tokens may still be
+    valid), signed with the issuer key and stored in the DHT every ``gate.REVOKED_PUBLISH_S`` and
+    as soon as ``dedloc invite revoke`` (another process) adds one to ``invites.db``."""
+
+    MARGIN = 60.0  # seconds a peer stays listed after its last token can have expired (clock skew)
+
+    def __init__(self, issuer, dht, subkey):
+        self.issuer, self.dht, self.subkey = issuer, dht, subkey
+        self.peers: frozenset[str] | None = None
+        self.due = 0.0
+
+    def publish_if_due(self) -> None:
+        since = time.time() - self.issuer.lifetime - self.MARGIN
+        peers = frozenset(peer for peer, _ in self.issuer.store.revoked_peers(since))
+        if peers == self.peers and time.monotonic() < self.due:
+            return
+        gate.publish_revocations(self.dht, self.issuer.key, peers, self.subkey)
+        if peers != self.peers:
+            logger.info("Revocation list published: %d revoked peer(s)", len(peers))
+        self.peers, self.due = peers, time.monotonic() + gate.REVOKED_PUBLISH_S
 
 
 class Checkpoint:

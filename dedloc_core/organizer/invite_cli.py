@@ -86,8 +86,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    print(invites.InviteStore(args.run_dir).revoke(args.target) + ".\nEvery peer refuses the revoked peer(s) "
-          "within one token lifetime.")
+    print(invites.InviteStore(args.run_dir).revoke(args.target) + ".\nThe running backbone lists the revoked "
+          "peer(s) in its signed revocation list: every member refuses them within a minute.")
     return 0
 
 

@@ -14,7 +14,9 @@ A code admits ``uses`` computers (default 1) until ``expires`` (default never); 
 member, renewing its token every half lifetime, until the organizer revokes its peer id or its code.
 Revoking a peer also closes the code it redeemed (``closed``): the same volunteer cannot redeem it
 again under a new identity, while the code's other members stay members. A revoked peer's renewal
-is refused, so every peer refuses it within one token lifetime.
+is refused, and the backbone's keeper publishes the peers revoked within the last token lifetime as
+a signed list in the DHT (``revoked_peers``, ``engine/gate.py``), so every peer refuses it within a
+minute, whatever the token lifetime.
 """
 
 from __future__ import annotations
