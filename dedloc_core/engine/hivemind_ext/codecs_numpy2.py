@@ -9,9 +9,10 @@ Without it: both ``extract`` read the codebook size with ``int(np.frombuffer(...
 to Python scalars``): every 8-bit tensor fails to decode. ``quantize`` calls
 ``torch.quantize_per_tensor``, deprecated by torch 2.13.
 
-Fix: read element ``[0]`` (the upstream fix, made after 1.1.12); compute the same uint8 indices
-(round half to even, clamped to 0..255) with plain tensor ops, so the bytes on the wire are the
-same as before.
+Fix: read element ``[0]`` (the upstream fix, made after 1.1.12); compute the uint8 indices (round
+half to even, clamped to 0..255) with plain tensor ops. The wire format is unchanged; a value that
+lies within float rounding of a bin's edge may land one bin away from ``quantize_per_tensor``'s
+(7 of 2 million indices in a check).
 
 Kind: bug fix (belongs upstream; docs/hivemind/codecs_numpy2.patch)
 
