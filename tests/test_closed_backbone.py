@@ -129,6 +129,19 @@ def test_closed_data_needs_a_member_token(tmp_path, monkeypatch):
         assert get(url, "/data/no-such-shard", member)[0] == 404
 
 
+def test_a_revoked_members_token_gets_the_public_view_and_no_data_at_once(tmp_path, monkeypatch):
+    code, _ = org.InviteStore(tmp_path / "run").create(uses=1)
+    with backbone(tmp_path, monkeypatch) as (url, node):
+        invite_id = node.issuer.store.redeem(code, ALICE)
+        token = node.issuer.token_for(ALICE, invite_id)  # valid for its whole lifetime
+        shard = f"/data/{SHARD['name']}"
+        assert not parse_summary(get(url, "/swarm.json", token)[2]).redacted
+        assert get(url, shard, token)[0] == 200
+        node.issuer.store.revoke(ALICE)
+        assert parse_summary(get(url, "/swarm.json", token)[2]).redacted
+        assert get(url, shard, token)[0] == 401
+
+
 def test_closed_data_the_catalog_marks_public_is_served_to_anyone(tmp_path, monkeypatch):
     data = tiny_experiment()["data"]
     with backbone(tmp_path, monkeypatch, data={**data, "public": True}) as (url, _):

@@ -68,13 +68,11 @@ def test_catalog_checks_invite_fields():
 
 @pytest.fixture
 def backbone(tmp_path):
-    """The backbone's invite endpoints on a real HTTP server (as ``Backbone._serve_http`` adds them)."""
+    """The backbone's invite endpoints on a real HTTP server (``Issuer.add_routes``, as the backbone serves them)."""
     org.generate_key(tmp_path, "pw")
     issuer = org.Issuer(org.InviteStore(tmp_path), org.load_key(tmp_path, "pw"), "gated-run", lifetime=5.0)
     server = FileServer()
-    server.add("/invite/info", issuer.info)
-    server.add_post("/invite/redeem", lambda body: issuer.handle("redeem", body))
-    server.add_post("/invite/renew", lambda body: issuer.handle("renew", body))
+    issuer.add_routes(server)
     with server:
         yield issuer, server.url
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from dedloc_core import environ, paths
 from dedloc_core.catalog import load_trusted_keys, public_key_line, verify_catalog
 from dedloc_core.errors import DedlocError, report, user_message
-from dedloc_core.invites import InviteError, is_valid
+from dedloc_core.invites import InviteError, verify
 from dedloc_core.stats.swarmview import SwarmView
 
 from . import dashboard, invites
@@ -137,25 +137,30 @@ class Backbone:
         if self.issuer is not None and not exp.data.public:
             server.guard("/data/", member, "this experiment's data is for its members; send your access token")
         if self.issuer is not None:  # invite-only: redeem codes, renew tokens (organizer/invites.py)
-            server.add("/invite/info", self.issuer.info)
-            server.add_post("/invite/redeem", lambda body: self.issuer.handle("redeem", body))
-            server.add_post("/invite/renew", lambda body: self.issuer.handle("renew", body))
-            server.add_post("/invite/report", lambda body: self.issuer.handle("report", body))  # peers members banned
+            self.issuer.add_routes(server)
         stack.enter_context(server)
         logger.info("Serving the catalog and data at %s", server.url)
         logger.info("Dashboard at %s", server.url)
         return server.url
 
     def _member_check(self, exp):
-        """``check(headers)``: does the request carry a valid token for this run? Always true for an
-        open experiment (no issuer): everything it serves is public."""
+        """``check(headers)``: does the request carry a valid token for this run, of a member not
+        revoked since the token was issued? Always true for an open experiment (no issuer): everything
+        it serves is public."""
         if self.issuer is None:
             return lambda headers: True
         public_key = self.issuer.key.public_key()
 
         def check(headers) -> bool:
             token = bearer_token(headers)
-            return token is not None and is_valid(token, public_key, exp.run_id)
+            if token is None:
+                return False
+            try:
+                claims = verify(token, public_key, exp.run_id)
+            except InviteError:
+                return False
+            # a revoked member's token stays valid until it expires; its backbone knows at once
+            return claims.peer_id not in dict(self.issuer.store.revoked_peers(since=claims.issued))
 
         return check
 

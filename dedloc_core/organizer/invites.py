@@ -21,6 +21,7 @@ minute, whatever the token lifetime.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -355,6 +356,15 @@ class Issuer:
         if signer is None or signer != peer_id:
             raise InviteError("token_invalid", "The request is not signed by the peer it names.")
         return peer_id
+
+    ACTIONS = ("redeem", "renew", "report")
+
+    def add_routes(self, server) -> None:
+        """The backbone's ``/invite/*`` endpoints on ``server`` (an ``httpserve.FileServer``): ``info``,
+        then one POST route per action (``report``: peers a member banned)."""
+        server.add("/invite/info", self.info)
+        for action in self.ACTIONS:
+            server.add_post(f"/invite/{action}", functools.partial(self.handle, action))
 
     def handle(self, action: str, body: bytes) -> tuple[int, bytes]:
         """Answer ``POST /invite/<action>`` (redeem, renew or report): (HTTP status, JSON body)."""
