@@ -67,7 +67,7 @@ def install() -> None:
     original_reset, original_failed = reducer.reset_accumulators, reducer.on_sender_failed
 
     def reset_accumulators(self) -> None:
-        self.robust_parts = []  # (part, weight) of the current part, kept for centered_clip
+        self.robust_parts = []  # (sender, part, weight) of the current part: aggregated once all are in
         if not hasattr(self, "dropped"):
             self.dropped = set()  # senders left out for what they sent (NaN): not a partial round
         original_reset(self)
@@ -99,10 +99,7 @@ def install() -> None:
                 self.dropped.add(sender_index)
                 self.on_sender_failed(sender_index)
                 raise partition.BannedException(f"{peer} sent a non-finite part")
-            if robust.kind() == "centered_clip":
-                self.robust_parts.append((tensor_part.detach().clone(), float(weight)))
-            else:
-                self.accumulator.add_(tensor_part, alpha=weight)
+            self.robust_parts.append((sender_index, tensor_part.detach().clone(), float(weight)))
             self.current_part_accumulated_from += 1
             self.denominator += weight
             self.check_current_part_finished()
@@ -113,18 +110,19 @@ def install() -> None:
         if self.current_part_accumulated_from == self.num_current_senders:
             lost = [i for i, after in enumerate(self.sender_failed_after)
                     if after <= self.current_part_index and i not in self.dropped]
-            if lost:  # a sender vanished: its part is missing from this average, so there is none
+            if lost or not self.robust_parts:  # a sender vanished (its part is missing), or all were dropped
                 names = getattr(self, "sender_names", None)
                 who = ", ".join(f"...{names[i][-6:]}" if names else str(i) for i in lost)
                 self.current_part_future.set_exception(partition.AllreduceException(
-                    f"partial all-reduce: {len(lost)} of {self.num_senders} senders lost ({who}); the round fails"))
+                    f"partial all-reduce: {len(lost)} of {self.num_senders} senders lost ({who}); the round fails"
+                    if lost else "every sender's part was dropped: nothing to average"))
                 self.current_part_future.exception()  # retrieved: no "never retrieved" warning
-            elif self.robust_parts:
-                parts, weights = zip(*self.robust_parts, strict=True)
-                result = robust.centered_clip(list(parts), list(weights))
             else:
-                result = self.accumulator.div_(self.denominator)
-            if not lost:
+                senders, parts, weights = zip(*self.robust_parts, strict=True)
+                result = robust.aggregate(list(parts), list(weights))
+                keep = getattr(self, "keep_part", None)  # verified_reduce: the claims it answers with
+                if keep is not None:
+                    keep(self.current_part_index, senders, parts, weights, result)
                 self.current_part_future.set_result(result)
             self.reset_accumulators()
 
