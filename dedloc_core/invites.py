@@ -283,11 +283,43 @@ def check_proof(der: bytes, message: bytes, signature: bytes) -> str | None:
 
 
 # ------------------------------------------------------------------------------------ client
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is only reachable from this machine."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def plain_http_refusal(url: str, what: str) -> str | None:
+    """Why ``what`` (an invite code, an access token) must not be sent to ``url``, or None if it may:
+    only ``https://``, or ``http://`` to this machine, keeps it from whoever is on the way."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "https" or (scheme == "http" and is_loopback(parts.hostname or "")):
+        return None
+    return (f"Refusing to send {what} to {url}: it is not https://, so anyone on the way could read it. "
+            "The organizer's server must use HTTPS.")
+
+
+def _check_sendable(url: str, what: str) -> None:
+    refusal = plain_http_refusal(url, what)
+    if refusal is not None:
+        raise InviteError("invite_unconfigured", refusal)
+
+
 def _post(base_url: str, action: str, request: dict, timeout: float) -> str:
     import urllib.error
     import urllib.request
 
     url = base_url.rstrip("/") + "/invite/" + action
+    _check_sendable(url, "an invite code" if action == "redeem" else "a signed request")
     req = urllib.request.Request(url, data=json.dumps(request).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
@@ -340,6 +372,7 @@ def report(base_url: str, identity_key, run_id: str, peer_id: str, reason: str, 
     request = {**_signed("report", identity_key, run_id, f"{peer_id}\n{reason}"), "reported": peer_id,
                "reason": reason}
     url = base_url.rstrip("/") + "/invite/report"
+    _check_sendable(url, "a signed report")
     req = urllib.request.Request(url, data=json.dumps(request).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:

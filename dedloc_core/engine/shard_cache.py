@@ -33,6 +33,7 @@ from urllib.request import HTTPRedirectHandler, Request, build_opener
 
 from dedloc_core.catalog.shards import Shard, resolve_url
 from dedloc_core.errors import ShardError
+from dedloc_core.invites import plain_http_refusal
 
 try:
     import fcntl
@@ -264,6 +265,10 @@ class ShardCache:
             headers["Range"] = f"bytes={offset}-"
         request = Request(url, headers=headers)
         if self.token:  # never sent on to wherever a redirect points
+            refusal = plain_http_refusal(url, "an access token")
+            if refusal is not None:  # checked before connecting: the token never leaves this computer
+                raise ShardError(refusal, title="Training data refused", code="refused",
+                                 hint="Tell the experiment's organizer: members-only data needs an https:// server.")
             request.add_unredirected_header("Authorization", f"Bearer {self.token}")
         try:
             return self._opener.open(request, timeout=self.timeout)

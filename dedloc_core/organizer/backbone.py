@@ -4,7 +4,8 @@ It bootstraps the DHT with a stable identity and given listen/announce addresses
 behind NAT (p2pd's relay service), keeps the latest training state (it loads the swarm's state after
 each global step, serves it to newcomers and writes a checkpoint atomically every N steps), records
 the learning curve and per-peer contributions that peers publish in the DHT, and serves the signed
-catalog and the data shards over HTTP. On restart it resumes from its last checkpoint.
+catalog and the data shards over HTTPS (``--tls-cert``, ``--tls-key``; plain HTTP only on loopback or
+with ``--insecure-http``). On restart it resumes from its last checkpoint.
 
 Files in ``--run-dir``: ``identity.key``, ``checkpoint.pt``, ``learning_curve.jsonl``,
 ``contributions.csv`` and ``ready.json`` (addresses, written once the node is up). ``/swarm.json``
@@ -32,7 +33,7 @@ from pathlib import Path
 from dedloc_core import environ, paths
 from dedloc_core.catalog import load_trusted_keys, public_key_line, verify_catalog
 from dedloc_core.errors import DedlocError, report, user_message
-from dedloc_core.invites import InviteError, verify
+from dedloc_core.invites import InviteError, is_loopback, verify
 from dedloc_core.stats.swarmview import SwarmView
 
 from . import dashboard, invites
@@ -51,8 +52,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--listen", action="append", default=[], help="listen multiaddr (repeatable)")
     p.add_argument("--announce", action="append", default=[], help="announced multiaddr (repeatable)")
     p.add_argument("--initial-peer", action="append", default=[], help="other backbones to join")
-    p.add_argument("--http-host", default="127.0.0.1")
+    p.add_argument("--http-host", default="127.0.0.1",
+                   help="address the HTTP(S) server listens on; other than loopback it needs --tls-cert and "
+                        "--tls-key, or --insecure-http")
     p.add_argument("--http-port", type=int, default=0, help="0 picks a free port; -1 disables HTTP")
+    p.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
+                   help="serve HTTPS with this certificate (chain), for the name volunteers use in the catalog's URLs")
+    p.add_argument("--tls-key", type=Path, default=None, metavar="PEM", help="the private key of --tls-cert")
+    p.add_argument("--insecure-http", action="store_true",
+                   help="serve plain HTTP on a non-loopback address: invite codes, access tokens, the catalog "
+                        "and the data travel unencrypted, anyone on the way can read or change them")
     p.add_argument("--data-dir", type=Path, default=None, help="served at /data/ (default: the shipped corpus)")
     p.add_argument("--checkpoint-every", type=int, default=5, help="global steps between checkpoints")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between checks of the swarm")
@@ -123,8 +132,9 @@ class Backbone:
         Invite-only: strangers get the public swarm summary (no peer ids: with them, a stranger found
         every member's address through the DHT) and a 401 for the data unless the catalog says
         ``data.public``; a request with a member's token (``Authorization: Bearer``) gets both."""
+        cert, key = self._tls_files()
         server = FileServer({"/catalog.json": catalog_bytes, "/catalog.pub": (key_line + "\n").encode()},
-                            host=self.args.http_host, port=self.args.http_port)
+                            host=self.args.http_host, port=self.args.http_port, tls_cert=cert, tls_key=key)
         member = self._member_check(exp)
         server.add_view("/swarm.json", lambda headers: self.view.to_json(public=not member(headers)))
         page = dashboard.render(exp, key_line, self.args.contact)
@@ -138,10 +148,32 @@ class Backbone:
             server.guard("/data/", member, "this experiment's data is for its members; send your access token")
         if self.issuer is not None:  # invite-only: redeem codes, renew tokens (organizer/invites.py)
             self.issuer.add_routes(server)
-        stack.enter_context(server)
+        try:
+            stack.enter_context(server)
+        except OSError as exc:  # the port is taken, or the certificate or key is unusable (ssl.SSLError)
+            raise DedlocError(f"Cannot serve on {self.args.http_host}:{self.args.http_port}: {exc}",
+                              title="Backbone not started", code="http_failed") from exc
         logger.info("Serving the catalog and data at %s", server.url)
         logger.info("Dashboard at %s", server.url)
         return server.url
+
+    def _tls_files(self) -> tuple[Path | None, Path | None]:
+        """The certificate and key to serve HTTPS with; (None, None) for plain HTTP, which is only
+        allowed on loopback or with ``--insecure-http``."""
+        cert, key = self.args.tls_cert, self.args.tls_key
+        if (cert is None) != (key is None):
+            raise DedlocError("HTTPS needs both --tls-cert and --tls-key.", title="Backbone not started",
+                              code="tls_incomplete")
+        for path in (cert, key):
+            if path is not None and not path.is_file():
+                raise DedlocError(f"No such file: {path}.", title="Backbone not started", code="tls_incomplete")
+        if cert is None and not self.args.insecure_http and not is_loopback(self.args.http_host):
+            raise DedlocError(
+                f"The backbone would serve plain HTTP on {self.args.http_host}: invite codes, access tokens and "
+                "the data would travel unencrypted.", title="HTTPS needed", code="tls_needed",
+                hint="Pass --tls-cert and --tls-key (a certificate for the name in the catalog's URLs), or "
+                     "--insecure-http to accept plain HTTP, or listen on 127.0.0.1 behind a TLS proxy.")
+        return cert, key
 
     def _member_check(self, exp):
         """``check(headers)``: does the request carry a valid token for this run, of a member not

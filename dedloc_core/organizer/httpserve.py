@@ -1,32 +1,40 @@
-"""A small static HTTP server: the backbone serves the catalog and data shards with it, tests use it.
+"""A small static HTTP(S) server: the backbone serves the catalog and data shards with it, tests use it.
 
 ``FileServer`` maps URL paths to files, bytes or callables returning bytes, and can serve a
 directory under a prefix (no listings, no ``..``, no hidden files, no symlinks leading out). It
-answers GET and HEAD, single ``Range: bytes=…`` requests with 206 or 416, and records every
-request in ``requests`` so tests can check what a client asked for. ``add_post`` adds a POST endpoint
-(a callable given the request body, returning a status and a JSON body), the backbone's ``/invite/*``.
+answers GET and HEAD, single ``Range: bytes=…`` requests with 206 or 416 (files are streamed in
+64 KiB chunks), and records every request in ``requests`` so tests can check what a client asked
+for. ``add_post`` adds a POST endpoint (a callable given the request body, returning a status and a
+JSON body), the backbone's ``/invite/*``: bodies over ``max_post`` get 413, and each client address
+may make ``rate_burst`` POSTs at once, then ``rate_per_s`` a second (429 with ``Retry-After``).
 
 Two hooks see the request's headers: ``guard(prefix, allow)`` answers 401 to a GET or HEAD under
 ``prefix`` unless ``allow(headers)`` is true (an invite-only experiment's shards), and
 ``add_view(path, render)`` serves ``render(headers)``, so one URL can answer members and strangers
 differently (``/swarm.json``). ``bearer_token(headers)`` reads ``Authorization: Bearer <token>``.
+
+The server is uvicorn (h11, asyncio) on a thread of its own; ``tls_cert``/``tls_key`` make it serve
+HTTPS. Route callables, guards and POST handlers run on a worker thread, so a slow one holds up only
+its own request. Every answer closes its connection (one request per connection).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import os
 import re
 import socket
 import stat
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from email.message import Message
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import unquote
 
 __all__ = ["FileServer", "Source", "bearer_token"]
@@ -35,12 +43,18 @@ logger = logging.getLogger(__name__)
 
 Source = Path | bytes | Callable[[], bytes]
 _CHUNK = 1 << 16
-_POLL_S = 0.05  # how long stop() may wait for the serving loop to notice
+_START_S = 10.0  # how long start() waits for the server to listen
+_STOP_GRACE_S = 1  # how long stop() lets requests in flight finish before cancelling them
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _MAX_POST = 64 * 1024  # the largest POST body read
+_RATE_BURST = 30  # POSTs one client address may make at once…
+_RATE_PER_S = 0.5  # …and then this many a second (a worker redeems once and renews every lifetime/2)
+_MAX_CLIENTS = 10_000  # rate buckets kept; full ones are dropped first
 _MAX_RECORDED = 10_000  # ``requests`` keeps the latest this many: a long-running backbone must not grow forever
 Allow = Callable[[Message], bool]  # a guard: may this request (its headers) have what it asks for?
 View = Callable[[Message], bytes]  # a route rendered for each request's headers
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 def bearer_token(headers: Message) -> str | None:
@@ -115,148 +129,233 @@ def _clean_segments(raw_path: str) -> list[str] | None:
     return segments
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    owner: FileServer
+class _Buckets:
+    """A token bucket per client address: ``burst`` requests at once, then ``per_s`` a second."""
+
+    def __init__(self, burst: int, per_s: float) -> None:
+        self.burst, self.per_s = burst, per_s
+        self._level: dict[str, tuple[float, float]] = {}  # client -> (tokens, when counted)
+
+    def take(self, client: str) -> float:
+        """0 if ``client`` may go on (a token is taken), else the seconds until it may."""
+        now = time.monotonic()
+        tokens, then = self._level.get(client, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.per_s)
+        if tokens < 1:
+            self._level[client] = (tokens, now)
+            return (1 - tokens) / self.per_s if self.per_s > 0 else math.inf
+        self._level[client] = (tokens - 1, now)
+        if len(self._level) > _MAX_CLIENTS:
+            self._forget_full(now)
+        return 0.0
+
+    def _forget_full(self, now: float) -> None:
+        full = [c for c, (t, then) in self._level.items() if t + (now - then) * self.per_s >= self.burst]
+        for client in full or list(self._level)[: len(self._level) // 2]:
+            del self._level[client]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-    server_version = "dedloc-fileserver"
-    sys_version = ""
+def _handle_error(method: str, path: str) -> None:
+    """A request failed in this module's own code (a bug): logged with its traceback."""
+    logger.exception("%s %s failed", method, path)
 
-    # Never answer in HTTP/0.9 (a bare body: no status line, no headers; for HEAD, nothing at all),
-    # neither to a request line too malformed to give a version nor to one that asks for 0.9.
-    _request_version = "HTTP/1.0"
 
-    @property
-    def request_version(self) -> str:
-        return self._request_version
+def _headers(scope: dict[str, Any]) -> Message:
+    headers = Message()
+    for name, value in scope["headers"]:
+        headers[name.decode("latin-1")] = value.decode("latin-1")
+    return headers
 
-    @request_version.setter
-    def request_version(self, version: str) -> None:
-        self._request_version = "HTTP/1.0" if version == "HTTP/0.9" else version
 
-    def log_message(self, format: str, *args: object) -> None:
-        logger.debug("%s %s", self.address_string(), format % args)
+class _App:
+    """The ASGI application: one request, one answer, then the connection closes."""
 
-    def do_GET(self) -> None:
-        self._serve(head=False)
+    def __init__(self, owner: FileServer) -> None:
+        self.owner = owner
 
-    def do_HEAD(self) -> None:
-        self._serve(head=True)
-
-    def do_POST(self) -> None:
-        owner = self.server.owner
-        owner._record("POST", self.path, None)
-        try:
-            segments = _clean_segments(self.path)
-        except UnicodeDecodeError:
-            segments = None
-        handler = owner._posts.get("/" + "/".join(segments)) if segments is not None else None
-        if handler is None:
-            self._status_only(HTTPStatus.NOT_FOUND)
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
             return
+        method = scope["method"]
+        target = scope["raw_path"].decode("latin-1")
+        if scope["query_string"]:
+            target += "?" + scope["query_string"].decode("latin-1")
+        headers = _headers(scope)
         try:
-            length = int(self.headers.get("Content-Length") or "-1")
-        except ValueError:
-            length = -1
-        if not 0 <= length <= _MAX_POST:
-            self._status_only(HTTPStatus.REQUEST_ENTITY_TOO_LARGE if length > _MAX_POST else HTTPStatus.LENGTH_REQUIRED)
-            return
-        try:
-            status, payload = handler(self.rfile.read(length))
-        except Exception:  # a handler failed: the client sees a 500, the log has the cause
-            logger.exception("POST %s failed", self.path)
-            self._status_only(HTTPStatus.INTERNAL_SERVER_ERROR)
-            return
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+            if method in ("GET", "HEAD"):
+                await self._serve(method, target, headers, receive, send)
+            elif method == "POST":
+                await self._post(target, headers, scope, receive, send)
+            else:
+                self.owner._record(method, target, None)
+                await _status_only(send, HTTPStatus.NOT_IMPLEMENTED)
+        except Exception:
+            _handle_error(method, target)
+            raise
 
-    def _serve(self, *, head: bool) -> None:
-        owner = self.server.owner
-        range_header = self.headers.get("Range")
-        owner._record(self.command, self.path, range_header)
-        refusal = owner._refused(self.path, self.headers)
+    async def _serve(self, method: str, target: str, headers: Message, receive: Receive, send: Send) -> None:
+        owner = self.owner
+        range_header = headers.get("Range")
+        owner._record(method, target, range_header)
+        refusal = await asyncio.to_thread(owner._refused, target, headers)
         if refusal is not None:
-            self._status_only(HTTPStatus.UNAUTHORIZED, {"WWW-Authenticate": "Bearer"}, refusal)
+            await _status_only(send, HTTPStatus.UNAUTHORIZED, {"WWW-Authenticate": "Bearer"}, refusal)
             return
         try:
-            body = owner._open(self.path, self.headers)
+            body = await asyncio.to_thread(owner._open, target, headers)
         except Exception:  # a callable route failed: the client sees a 500, the log has the cause
-            logger.exception("route %s failed", self.path)
-            self._status_only(HTTPStatus.INTERNAL_SERVER_ERROR)
+            logger.exception("route %s failed", target)
+            await _status_only(send, HTTPStatus.INTERNAL_SERVER_ERROR)
             return
         if body is None:
-            self._status_only(HTTPStatus.NOT_FOUND)
+            await _status_only(send, HTTPStatus.NOT_FOUND)
             return
         try:
-            self._send(body, range_header if owner.ranges else None, head=head)
-        except (BrokenPipeError, ConnectionResetError):
-            logger.debug("client %s went away", self.address_string())
+            await _send(
+                send, receive, body, range_header if owner.ranges else None, ranges=owner.ranges, head=method == "HEAD"
+            )
         finally:
             if body.file is not None:
                 body.file.close()
 
-    def _status_only(self, status: HTTPStatus, headers: dict[str, str] | None = None, why: str = "") -> None:
-        payload = f"{status.value} {status.phrase}{': ' + why if why else ''}\n".encode()
-        self.send_response(status)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(payload)
+    async def _post(self, target: str, headers: Message, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        owner = self.owner
+        owner._record("POST", target, None)
+        path = owner._path(target)
+        with owner._lock:
+            handler = owner._posts.get(path) if path is not None else None
+        if handler is None:
+            await _status_only(send, HTTPStatus.NOT_FOUND)
+            return
+        wait = owner._buckets.take(scope["client"][0] if scope.get("client") else "")
+        if wait > 0:
+            await _status_only(
+                send,
+                HTTPStatus.TOO_MANY_REQUESTS,
+                {"Retry-After": str(math.ceil(wait))},
+                "too many requests from this address; try again later",
+            )
+            return
+        length_text = headers.get("Content-Length") or ""
+        length = int(length_text) if length_text.isdigit() else -1  # h11 refuses malformed lengths
+        if length > owner.max_post:
+            await _status_only(send, HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+            return
+        if length < 0:
+            await _status_only(send, HTTPStatus.LENGTH_REQUIRED)
+            return
+        data = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            data += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        try:
+            status, payload = await asyncio.to_thread(handler, bytes(data))
+        except Exception:  # a handler failed: the client sees a 500, the log has the cause
+            logger.exception("POST %s failed", target)
+            await _status_only(send, HTTPStatus.INTERNAL_SERVER_ERROR)
+            return
+        await _respond(send, status, {"Content-Type": "application/json"}, payload)
 
-    def _send(self, body: _Body, range_header: str | None, *, head: bool) -> None:
-        start, end = 0, body.size - 1
-        status = HTTPStatus.OK
-        if range_header is not None:
-            parsed = _parse_range(range_header, body.size)
-            if parsed is False:
-                self._status_only(
-                    HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, {"Content-Range": f"bytes */{body.size}"}
-                )
-                return
-            if isinstance(parsed, tuple):
-                start, end = parsed
-                status = HTTPStatus.PARTIAL_CONTENT
-        length = end - start + 1
-        self.send_response(status)
-        self.send_header("Content-Type", body.content_type)
-        self.send_header("Content-Length", str(length))
-        if self.server.owner.ranges:
-            self.send_header("Accept-Ranges", "bytes")
-        if status == HTTPStatus.PARTIAL_CONTENT:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{body.size}")
-        self.end_headers()
-        if head or length <= 0:
+
+async def _respond(
+    send: Send, status: int, headers: dict[str, str], payload: bytes, *, length: int | None = None, more: bool = False
+) -> None:
+    fields = [(b"Content-Length", str(len(payload) if length is None else length).encode())]
+    fields += [(name.encode(), value.encode("latin-1")) for name, value in headers.items()]
+    fields.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": int(status), "headers": fields})
+    await send({"type": "http.response.body", "body": payload, "more_body": more})
+
+
+async def _status_only(send: Send, status: HTTPStatus, headers: dict[str, str] | None = None, why: str = "") -> None:
+    payload = f"{status.value} {status.phrase}{': ' + why if why else ''}\n".encode()
+    await _respond(send, status, {**(headers or {}), "Content-Type": "text/plain; charset=utf-8"}, payload)
+
+
+async def _send(
+    send: Send, receive: Receive, body: _Body, range_header: str | None, *, ranges: bool, head: bool
+) -> None:
+    start, end = 0, body.size - 1
+    status = HTTPStatus.OK
+    if range_header is not None:
+        parsed = _parse_range(range_header, body.size)
+        if parsed is False:
+            await _status_only(
+                send, HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, {"Content-Range": f"bytes */{body.size}"}
+            )
             return
-        if body.data is not None:
-            self.wfile.write(body.data[start : end + 1])
-            return
-        assert body.file is not None
-        body.file.seek(start)
-        remaining = length
-        while remaining > 0:
-            chunk = body.file.read(min(_CHUNK, remaining))
-            if not chunk:
-                break  # the file shrank while we sent it; the client sees a short body
-            self.wfile.write(chunk)
-            remaining -= len(chunk)
+        if isinstance(parsed, tuple):
+            start, end = parsed
+            status = HTTPStatus.PARTIAL_CONTENT
+    length = max(0, end - start + 1)
+    headers = {"Content-Type": body.content_type}
+    if ranges:
+        headers["Accept-Ranges"] = "bytes"
+    if status == HTTPStatus.PARTIAL_CONTENT:
+        headers["Content-Range"] = f"bytes {start}-{end}/{body.size}"
+    if head or length == 0 or body.data is not None:
+        payload = b"" if head or body.data is None else body.data[start : end + 1]
+        await _respond(send, status, headers, payload, length=length)
+        return
+    assert body.file is not None
+    gone = asyncio.Event()  # set when the client goes away: no point reading the rest of the file
+    watcher = asyncio.ensure_future(_wait_disconnect(receive, gone))
+    try:
+        await _stream(send, body.file, status, headers, start, length, gone)
+    finally:
+        watcher.cancel()
+
+
+async def _wait_disconnect(receive: Receive, gone: asyncio.Event) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+
+
+async def _stream(
+    send: Send, file: BinaryIO, status: int, headers: dict[str, str], start: int, length: int, gone: asyncio.Event
+) -> None:
+    await asyncio.to_thread(file.seek, start)
+    chunk = await asyncio.to_thread(file.read, min(_CHUNK, length))
+    await _respond(send, status, headers, chunk, length=length, more=True)
+    remaining = length - len(chunk)
+    while remaining > 0 and chunk and not gone.is_set():
+        chunk = await asyncio.to_thread(file.read, min(_CHUNK, remaining))
+        remaining -= len(chunk)
+        await send({"type": "http.response.body", "body": chunk, "more_body": remaining > 0 and bool(chunk)})
+    if remaining > 0 and not gone.is_set():  # the file shrank while we sent it: the client sees a short body
+        raise _Short(f"{remaining} bytes short")
+
+
+class _Short(Exception):
+    """A file shrank while it was sent; the connection is dropped."""
+
+
+def _protocol_class() -> type:
+    """uvicorn's h11 protocol, kept open for the answer when a client half-closes after its request."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        def eof_received(self) -> bool:  # type: ignore[override]
+            pending = self.cycle is not None and not self.cycle.response_complete
+            return pending and self.scheme == "http"  # asyncio's TLS transport cannot stay half-open
+
+    return Protocol
 
 
 class FileServer:
-    """Static files over HTTP on a daemon thread: ``FileServer(routes).start()`` … ``.stop()``.
+    """Static files over HTTP(S) on a daemon thread: ``FileServer(routes).start()`` … ``.stop()``.
 
     ``routes`` maps URL paths (``"/catalog.json"``) to a file, bytes, or a callable called on every
     request; the content type comes from the path's suffix, or from ``add(..., content_type=)``.
-    ``ranges=False`` makes the server ignore ``Range`` headers (a test hook, like
-    ``requests``: a list of ``(method, raw path, Range header or None)``).
+    ``tls_cert`` and ``tls_key`` (PEM files) make it serve HTTPS. ``max_post``, ``rate_burst`` and
+    ``rate_per_s`` limit POST endpoints (see the module's docstring). ``ranges=False`` makes the
+    server ignore ``Range`` headers (a test hook, like ``requests``: a list of ``(method, raw path,
+    Range header or None)``).
     """
 
     def __init__(
@@ -266,18 +365,28 @@ class FileServer:
         port: int = 0,
         *,
         ranges: bool = True,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        max_post: int = _MAX_POST,
+        rate_burst: int = _RATE_BURST,
+        rate_per_s: float = _RATE_PER_S,
     ) -> None:
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("HTTPS needs both a certificate (tls_cert) and its key (tls_key)")
         self.host = host
         self.port = port
         self.ranges = ranges
+        self.tls_cert, self.tls_key = tls_cert, tls_key
+        self.max_post = max_post
         self.requests: list[tuple[str, str, str | None]] = []
         self._routes: dict[str, Source] = {}
         self._types: dict[str, str] = {}  # route path -> content type given to add()
         self._dirs: dict[str, Path] = {}
         self._guards: dict[str, tuple[Allow, str]] = {}  # path prefix -> (allow, what a refusal says)
         self._posts: dict[str, Callable[[bytes], tuple[int, bytes]]] = {}
+        self._buckets = _Buckets(rate_burst, rate_per_s)
         self._lock = threading.Lock()
-        self._httpd: _HTTPServer | None = None
+        self._server: Any = None  # the uvicorn.Server while serving
         self._thread: threading.Thread | None = None
         for path, source in (routes or {}).items():
             self.add(path, source)
@@ -310,7 +419,8 @@ class FileServer:
             self._guards[key] = (allow, message)
 
     def add_post(self, path: str, handler: Callable[[bytes], tuple[int, bytes]]) -> None:
-        """Answer ``POST path`` with ``handler(body) -> (status, JSON bytes)`` (bodies up to 64 KiB)."""
+        """Answer ``POST path`` with ``handler(body) -> (status, JSON bytes)``: bodies up to ``max_post``,
+        at the rate each client address is allowed (``rate_burst``, ``rate_per_s``)."""
         key = "/" + path.lstrip("/")
         with self._lock:
             self._posts[key] = handler
@@ -324,40 +434,68 @@ class FileServer:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> FileServer:
-        """Bind and serve on a daemon thread. Returns ``self``."""
-        if self._httpd is not None:
+        """Bind, then serve on a daemon thread; returns ``self`` once it listens. A bad certificate
+        or key raises here (``ssl.SSLError`` or ``OSError``)."""
+        if self._server is not None:
             return self
-        server_class = _HTTPServer
-        if ":" in self.host:
-            server_class = type("_HTTPServer6", (_HTTPServer,), {"address_family": socket.AF_INET6})
-        httpd = server_class((self.host, self.port), _Handler)
-        httpd.owner = self
-        self.port = httpd.server_address[1]
-        self._httpd = httpd
-        self._thread = threading.Thread(
-            target=httpd.serve_forever, kwargs={"poll_interval": _POLL_S}, name="FileServer", daemon=True
+        import uvicorn
+
+        config = uvicorn.Config(
+            _App(self),
+            loop="asyncio",
+            http=_protocol_class(),
+            ws="none",
+            lifespan="off",
+            interface="asgi3",
+            log_config=None,
+            access_log=False,
+            proxy_headers=False,
+            server_header=False,
+            timeout_graceful_shutdown=_STOP_GRACE_S,
+            ssl_certfile=str(self.tls_cert) if self.tls_cert else None,
+            ssl_keyfile=str(self.tls_key) if self.tls_key else None,
         )
-        self._thread.start()
+        config.load()  # the TLS context too: a bad certificate fails on the caller's thread
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="FileServer", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + _START_S
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not server.started:
+            server.should_exit = True
+            thread.join(timeout=5)
+            sock.close()
+            raise OSError(f"the HTTP server on {self.host}:{self.port} did not start")
+        self._server, self._thread = server, thread
         logger.debug("serving on %s", self.url)
         return self
 
     @property
     def url(self) -> str:
-        """The base URL with a trailing slash, e.g. ``http://127.0.0.1:8123/``."""
-        if self._httpd is None:
+        """The base URL with a trailing slash, e.g. ``https://127.0.0.1:8123/``."""
+        if self._server is None:
             raise RuntimeError("FileServer is not started")
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+        scheme = "https" if self.tls_cert else "http"
+        return f"{scheme}://{host}:{self.port}/"
 
     def stop(self) -> None:
-        """Stop serving and close the socket (idempotent)."""
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
+        """Stop serving and close the socket (idempotent); answers in flight get a moment to finish."""
+        server, self._server = self._server, None
+        if server is None:
             return
-        httpd.shutdown()
-        httpd.server_close()
+        server.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=_STOP_GRACE_S + 5)
             self._thread = None
 
     def __enter__(self) -> FileServer:
@@ -395,8 +533,11 @@ class FileServer:
         if path is None:
             return None  # answered 404 by _open
         with self._lock:
-            guards = [(allow, message) for prefix, (allow, message) in self._guards.items()
-                      if path == prefix or (prefix.endswith("/") and path.startswith(prefix))]
+            guards = [
+                (allow, message)
+                for prefix, (allow, message) in self._guards.items()
+                if path == prefix or (prefix.endswith("/") and path.startswith(prefix))
+            ]
         for allow, message in guards:
             try:
                 allowed = allow(headers)

@@ -188,6 +188,12 @@ def fetch_summary(url: str, timeout: float = 10.0, token: str | None = None) -> 
     invite-only experiment's backbone then sends the full summary). Blocks: call it off the GUI thread."""
     import urllib.request  # here: it pulls in ssl, a few MB the page does not need
 
+    if token:
+        from dedloc_core.invites import plain_http_refusal
+
+        refusal = plain_http_refusal(url, "an access token")
+        if refusal is not None:
+            raise SwarmUnavailable(refusal)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         request = urllib.request.Request(url, headers=headers)

@@ -48,6 +48,7 @@ class Backbone(BackboneProcess):
         super().__init__([
             "--experiment", experiment["id"], "--catalog", str(catalog), "--trusted-key", str(key),
             "--listen", f"/ip4/{host.ip}/tcp/{BACKBONE_PORT}", "--http-host", host.ip, "--http-port", str(HTTP_PORT),
+            "--insecure-http",  # the lab's private network, no certificate
             "--poll", "2", *extra_args], folder / "backbone", folder / "backbone.log",
             env={**os.environ, "DEDLOC_HOME": str(folder / "backbone-home"), SOCKET_DIR_ENV: sockets},
             launcher=lab.launcher(host))
