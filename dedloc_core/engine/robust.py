@@ -37,20 +37,27 @@ BAN_SECONDS = 600.0
 CONVERGED = 0.005  # centered clip stops once a step is shorter than this times tau
 MAX_ITERATIONS = 200
 
-_settings = {"kind": "mean", "radius": 1.0, "iterations": 3}
+_settings = {"kind": "mean", "radius": 1.0, "iterations": 3, "verify": True}
 _strikes: dict[str, list[float]] = {}  # per process: each averager counts what it saw
 
 
-def configure(kind: str = "mean", radius: float = 1.0, iterations: int = 3) -> None:
+def configure(kind: str = "mean", radius: float = 1.0, iterations: int = 3, verify: bool = True) -> None:
     """Choose the aggregation (``mean`` or ``centered_clip``) for the all-reduces of this process (its
-    averager threads) and of the averager processes it forks later."""
+    averager threads) and of the averager processes it forks later. ``verify``: with ``centered_clip``,
+    check every reducer's average before applying it (``hivemind_ext.verified_reduce``)."""
     if kind not in ("mean", "centered_clip"):
         raise ValueError(f"unknown aggregation {kind!r}")
-    _settings.update(kind=kind, radius=float(radius), iterations=int(iterations))
+    _settings.update(kind=kind, radius=float(radius), iterations=int(iterations), verify=bool(verify))
 
 
 def kind() -> str:
     return str(_settings["kind"])
+
+
+def verifying() -> bool:
+    """Are reducers checked? Only with ``centered_clip``: with the mean any one part moves the
+    average as far as it likes, so a reducer's lie cannot be told from its own part."""
+    return _settings["kind"] == "centered_clip" and bool(_settings["verify"])
 
 
 def finite(part: torch.Tensor) -> bool:

@@ -16,6 +16,7 @@ The code is organized as follows, in install order:
 - ``task_references``: tasks and awaited MPFutures stay alive until done.
 - ``robust_reduce``: non-finite parts dropped, centered clip, banned peers shunned.
 - ``partial_rounds``: a partial all-reduce is a failed round; our own reducer never hangs us.
+- ``verified_reduce``: every peer checks each reducer's average before applying it.
 - ``invite_gate``: averagers of an invite-only experiment deal only with invited peers.
 - ``state_records``: the state-sharing record is renewed at half life, stored only when due.
 - ``step_cancel``: a cancelled step reads cancelled before the averager hears of it.
@@ -49,6 +50,7 @@ it, both shown by probes in fresh interpreters, in ``tests/``:
     partial_rounds         test_robust (slow, none)   socket_dir             test_hivemind_ext_guard
     invite_gate            test_invite_swarm (slow)   optimizer_client_mode  test_hivemind_ext_guard
     helper_threads         test_helper_threads        fork_above_loop        test_loop_priority
+    verified_reduce        test_verified_reduce (slow)
 
 "(none)": the without probe installs no extension at all; invite_gate's turns the gate off.
 """
@@ -83,6 +85,7 @@ ORDER: tuple[str, ...] = (
     "task_references",
     "robust_reduce",
     "partial_rounds",
+    "verified_reduce",
     "invite_gate",
     "state_records",
     "step_cancel",
@@ -103,6 +106,7 @@ WRAPS: dict[str, str] = {
     "traffic_count": "bandwidth_caps",  # P2P.receive_raw_data and the unary calls: counters around the pacing
     "invite_gate": "robust_reduce",  # Matchmaking._request_join_group: the token check outside the ban check
     "fork_above_loop": "helper_threads",  # DHT.start, DecentralizedAverager.start: whichever start is there
+    "verified_reduce": "partial_rounds",  # AllReduceRunner.run: the check sees only whole rounds
 }
 
 _installed: tuple[str, ...] | None = None
