@@ -45,10 +45,10 @@ def sketch(vector: torch.Tensor, seed: bytes, reducer: int, part: int) -> torch.
     """The CountSketch of ``vector`` (flattened) for part ``part`` of reducer ``reducer``."""
     digest = hashlib.sha256(seed + reducer.to_bytes(4, "little") + part.to_bytes(4, "little")).digest()
     gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-    flat = vector.reshape(-1).double()
-    bucket = torch.randint(BUCKETS, flat.shape, generator=gen)
-    sign = torch.randint(2, flat.shape, generator=gen, dtype=torch.int8).double() * 2 - 1
-    return torch.zeros(BUCKETS, dtype=torch.float64).index_add_(0, bucket, flat * sign)
+    flat = vector.reshape(-1).float()
+    draw = torch.randint(2 * BUCKETS, flat.shape, generator=gen, dtype=torch.int32)  # bucket and sign in one
+    signed = flat * ((draw & 1).float() * 2 - 1)
+    return torch.zeros(BUCKETS, dtype=torch.float64).index_add_(0, (draw >> 1).long(), signed.double())
 
 
 def claim(weight: float, difference: torch.Tensor, seed: bytes, reducer: int, part: int) -> torch.Tensor:

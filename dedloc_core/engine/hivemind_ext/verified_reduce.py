@@ -70,14 +70,14 @@ class _Round:
         self.ok = deltas is not None
         self.done.set()
 
-    def claims(self, seed: bytes) -> torch.Tensor:
+    def claims(self, seed: bytes, as_reducer: bool = True) -> torch.Tensor:
         from dedloc_core.engine import reducer_check as rc
 
         runner = self.runner
         me = runner.ordered_peer_ids.index(runner.peer_id)
         sender = runner.peer_id in runner.sender_peer_ids
         return rc.claim_rows(seed, me, runner.weight, self.received if sender else None, self.kept,
-                             len(runner.sender_peer_ids), len(self.lengths[me]))
+                             len(runner.sender_peer_ids), len(self.lengths[me]) if as_reducer else 0)
 
 
 def _keep_part(reducer, part_index: int, senders, parts, weights, result) -> None:
@@ -121,7 +121,7 @@ async def _verify(runner, rnd: _Round) -> None:
     began = time.perf_counter()
     replies = await asyncio.gather(*(ask(p) for p in asked), return_exceptions=True)
     answers = dict(zip(asked, replies, strict=True))
-    answers[runner.peer_id] = await asyncio.get_running_loop().run_in_executor(None, rnd.claims, seed)
+    answers[runner.peer_id] = await asyncio.get_running_loop().run_in_executor(None, rnd.claims, seed, False)
     radius = robust.radius() if robust.kind() == "centered_clip" else None
     verdicts = rc.judge_round(peers, runner.peer_id, runner.sender_peer_ids, rnd.lengths, answers, radius,
                               rc.tolerance(rnd.compression))
