@@ -15,6 +15,7 @@ The code is organized as follows:
 - ``no_dynamo``: torch.optim without importing torch._dynamo (a stand-in until something needs it).
 - ``robust``: robust aggregation (NaN/inf parts dropped, centered clip) and bans of repeat offenders.
 - ``bans``: the worker's ban list: shared by its averagers, kept across restarts, reported to the backbone.
+- ``reducer_check``: the math of verified reduction (claims, sketches, the verdict on a reducer).
 - ``gate``: invite-only swarms: the DHT authorizer, the token registry, who ``admits`` a peer.
 - ``invited``: a volunteer's token for an invite-only experiment: redeem, renew at half life.
 - ``bandwidth``: the shared token buckets that cap this peer's p2p traffic.
