@@ -26,6 +26,7 @@ The code is organized as follows:
 - ``shard_cache``: the bounded, verified download cache of data shards.
 - ``recipes``: the built-in models, data pipelines, losses and evaluations.
 - ``keeper``: the backbone's engine half (follows the swarm's state, writes checkpoints).
+- ``member_relay``: the backbone's circuit relay in an invite-only experiment: for members only.
 - ``selftest``: ``dedloc --self-test``, the installation check (drives a worker).
 
 The engine may import anything light (the top-level modules, ``catalog``, ``policy``, ``stats``);

@@ -3,8 +3,8 @@ writes checkpoints (``dedloc_core.organizer.backbone`` runs it once its HTTP sid
 
 ``keep`` runs until ``stop`` is set; ``SyncKeeper`` follows a synchronous swarm, ``DilocoKeeper`` a
 DiLoCo swarm's outer model; ``Checkpoint`` writes the model and optimizer state atomically. In an
-invite-only swarm the keeper also holds the backbone's own token (``_OwnToken``) and publishes the
-organizer's signed revocation list (``_RevocationList``).
+invite-only swarm the keeper also holds the backbone's own token (``_OwnToken``), publishes the
+organizer's signed revocation list (``_RevocationList``) and relays for members only (``member_relay``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from . import gate, metrics, pacing, robust, swarm
+from . import gate, member_relay, metrics, pacing, robust, swarm
 from .diloco import DilocoOptimizer
 from .reachability import serve_dialback
 from .recipes import load_recipe
@@ -47,7 +47,8 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
         host_maddrs=args.listen or ["/ip4/127.0.0.1/tcp/0"],
         announce_maddrs=args.announce,
         identity_path=str(run_dir / "identity.key"),
-        relay_service=not args.no_relay,
+        # an invite-only swarm's relay is ours, for members only (member_relay); p2pd's serves anyone
+        relay_service=not args.no_relay and issuer is None,
     )
     own_token = None
     if issuer is not None:  # invite-only: the backbone is the issuer and holds a token of its own
@@ -58,6 +59,8 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
         holder = gate.TokenHolder(issuer.token_for(peer_id, "backbone"))
         cfg.authorizer = gate.InviteAuthorizer(identity, holder)
     dht = swarm.start_dht(cfg)
+    if issuer is not None and not args.no_relay:
+        member_relay.serve(dht)
     serve_dialback(dht)  # volunteers ask us whether we can reach them
     subkey = metrics.add_validators(dht, exp.run_id)
     revocations = None
