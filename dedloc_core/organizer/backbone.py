@@ -1,7 +1,8 @@
 """The organizer's backbone node (``dedloc backbone``): headless, no GPU needed.
 
 It bootstraps the DHT with a stable identity and given listen/announce addresses, relays for peers
-behind NAT (p2pd's relay service), keeps the latest training state (it loads the swarm's state after
+behind NAT (p2pd's relay service; in an invite-only experiment ``engine/member_relay.py``, for
+members only), keeps the latest training state (it loads the swarm's state after
 each global step, serves it to newcomers and writes a checkpoint atomically every N steps), records
 the learning curve and per-peer contributions that peers publish in the DHT, and serves the signed
 catalog and the data shards over HTTPS (``--tls-cert``, ``--tls-key``; plain HTTP only on loopback or
