@@ -314,6 +314,14 @@ def _check_sendable(url: str, what: str) -> None:
         raise InviteError("invite_unconfigured", refusal)
 
 
+def _known_code(code: str, status: int) -> str:
+    """The error code to raise for the server's ``code`` with HTTP ``status``: a code this client does
+    not know is a busy or broken server (429, 5xx: try again) or else a refusal of the token."""
+    if code in _TITLES:
+        return code
+    return "invite_unreachable" if status == 429 or status >= 500 else "token_invalid"
+
+
 def _post(base_url: str, action: str, request: dict, timeout: float) -> str:
     import urllib.error
     import urllib.request
@@ -332,7 +340,7 @@ def _post(base_url: str, action: str, request: dict, timeout: float) -> str:
             code, message = str(answer["error"]), str(answer.get("message", ""))
         except (ValueError, KeyError, TypeError):
             raise InviteError("invite_unreachable", f"The organizer's server answered {exc.code} at {url}.") from None
-        raise InviteError(code if code in _TITLES else "token_invalid", message or code) from None
+        raise InviteError(_known_code(code, exc.code), message or code) from None
     except (OSError, ValueError) as exc:
         raise InviteError("invite_unreachable", f"Cannot reach the organizer's server at {url}: {exc}") from None
     try:
@@ -384,7 +392,7 @@ def report(base_url: str, identity_key, run_id: str, peer_id: str, reason: str, 
             code, message = str(answer["error"]), str(answer.get("message", ""))
         except (ValueError, KeyError, TypeError):
             code, message = "invite_unreachable", f"The organizer's server answered {exc.code} at {url}."
-        raise InviteError(code if code in _TITLES else "token_invalid", message or code) from None
+        raise InviteError(_known_code(code, exc.code), message or code) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InviteError("invite_unreachable", f"Cannot report to the organizer's server at {url}: {exc}") from None
 

@@ -205,8 +205,9 @@ def test_only_members_may_report_and_each_only_so_often(backbone, monkeypatch):
         invites.report(url, alice, RUN, peer_of(alice), "itself")
     monkeypatch.setattr(org, "REPORTS_PER_HOUR", 2)
     assert invites.report(url, alice, RUN, EVE, "failed a check") == 1
-    with pytest.raises(InviteError, match="At most 2 reports"):
+    with pytest.raises(InviteError, match="At most 2 reports") as limited:
         invites.report(url, alice, RUN, EVE, "failed a check")
+    assert limited.value.code == "invite_unreachable"  # try later: not a rejected token
     assert [(r.reported, r.reason) for r in issuer.store.reports()] == [
         (MALLORY, "returned a wrong average"), (MALLORY, "sent NaN or inf (3 times)"), (EVE, "failed a check")]
 
