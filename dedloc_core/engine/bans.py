@@ -21,8 +21,8 @@ matchmaking and state download (``hivemind_ext.robust_reduce``).
   peer banned during this session to the backbone (``invites.report``) at most once; a failed
   report is a log line.
 
-A process that never called ``load`` (a test, the backbone's keeper) gets a table of its own on
-first use, kept in memory only.
+A process that never called ``load`` (a test) gets a table of its own on first use, kept in memory
+only. The backbone's keeper loads its list from its run dir (``bans/``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from . import gate, member_relay, metrics, pacing, robust, swarm
+from . import bans, gate, member_relay, metrics, pacing, robust, swarm
 from .diloco import DilocoOptimizer
 from .reachability import serve_dialback
 from .recipes import load_recipe
@@ -39,6 +39,7 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
     """Join the swarm of ``exp`` as its keeper (``args``: the backbone's options) until ``stop``."""
     swarm.prepare_process()
     robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)
+    bans.load(exp.run_id, run_dir / "bans")  # one ban list for its averagers, kept in its run dir
     recipe = load_recipe(exp.recipe, exp.recipe_params)
     model = recipe.build_model(seed=0)
     cfg = swarm.config_for(
