@@ -10,8 +10,11 @@ creating the DHT and the averagers (the processes hivemind forks inherit it), tu
   (progress, metrics, group keys), and its answers are ignored.
 - matchmaking and all-reduce (``hivemind_ext.invite_gate``): ``admits(dht, peer)`` tells whether a
   peer has published a valid token under ``{run_id}_invites`` in the DHT (cached until the token
-  expires). A peer not (yet) known is looked up at once, for its own request: at most one DHT read a
-  second per peer id and ``READS_PER_S`` in all. A throttle shared by all peers would refuse a
+  expires). A peer not (yet) known is looked up at once, for its own request: in the DHT, and if the
+  search misses it (a newcomer's token may not have reached the nodes it asked), in the asking
+  peer's own DHT node, which holds it from the moment it published. At most one lookup a second
+  per peer id (a request within that second waits for the rest of it) and ``READS_PER_S`` in all;
+  an averager forgets the read times it inherits when hivemind forks it. A throttle shared by all peers would refuse a
   member whose request comes within a second of a read for another peer: right after joining, and
   when its cached token expires and the renewed one has to be read.
 - revocation: the backbone's keeper publishes the organizer's signed revocation list under
@@ -31,8 +34,11 @@ peers and returns once it is stored, so a peer's token is readable before its av
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import multiprocessing as mp
+import os
 import threading
 import time
 from collections import deque
@@ -62,6 +68,16 @@ _fetched: dict[str, float] = {}  # peer id -> monotonic time of the last registr
 _reads: deque[float] = deque()  # monotonic times of the registry reads in the last second (per process)
 _revoked: _RevokedBoard | None = None
 _watchers: dict[int, RevocationWatcher] = {}  # id(dht) -> its watcher (main process)
+
+
+def _forget_reads() -> None:
+    """In a forked child (an averager): the parent's read times say nothing of the child's reads, and
+    inherited they would throttle the child's first read of a peer the parent missed."""
+    _fetched.clear()
+    _reads.clear()
+
+
+os.register_at_fork(after_in_child=_forget_reads)
 
 
 def configure(run_id: str, invite_key: str) -> None:
@@ -116,12 +132,17 @@ def learn(token: str) -> None:
         _known[claims.peer_id] = max(_known.get(claims.peer_id, 0.0), claims.expires)
 
 
-def _may_read_for(peer_id: str) -> bool:
-    """Whether an unknown ``peer_id`` gets a registry read now: not within ``REFETCH_S`` of its
-    last one, and not over ``READS_PER_S`` reads in the last second."""
+async def _may_read_for(peer_id: str) -> bool:
+    """Whether an unknown ``peer_id`` gets a registry read: not within ``REFETCH_S`` of its last one
+    (it waits for the rest of that second: a member's requests come in bursts, and refusing the
+    burst's later ones would refuse a member whose token the next read finds), and not over
+    ``READS_PER_S`` reads in the last second."""
+    wait = REFETCH_S - (time.monotonic() - _fetched.get(peer_id, float("-inf")))
+    if wait > 0:
+        await asyncio.sleep(wait)
+        if _known.get(peer_id, 0.0) > time.time():  # a read meanwhile found it
+            return False
     now = time.monotonic()
-    if now - _fetched.get(peer_id, float("-inf")) < REFETCH_S:
-        return False
     while _reads and now - _reads[0] >= 1.0:
         _reads.popleft()
     if len(_reads) >= READS_PER_S:
@@ -143,7 +164,7 @@ async def admits(dht, peer) -> bool:
         return False
     if _known.get(peer_id, 0.0) > time.time():
         return True
-    if _may_read_for(peer_id):
+    if await _may_read_for(peer_id):
         try:
             found = await dht.get(registry_key(_run_id), latest=True, return_future=True)
         except Exception as exc:  # a failed read admits no one new
@@ -153,10 +174,41 @@ async def admits(dht, peer) -> bool:
             for entry in found.value.values():
                 if isinstance(entry.value, str) and len(entry.value) <= _MAX_TOKEN:
                     learn(entry.value)
+        if _known.get(peer_id, 0.0) <= time.time():
+            # a newcomer's token may not have reached the nodes this search asked; its own node
+            # holds it from the moment it published: ask that node (its DHT has the same peer id)
+            try:
+                for token in await dht.run_coroutine(functools.partial(_tokens_at, _run_id, peer_id),
+                                                     return_future=True):
+                    learn(token)
+            except Exception as exc:
+                logger.debug("Asking %s for its invite token failed: %s", peer_id, exc)
     admitted = _known.get(peer_id, 0.0) > time.time()
     if not admitted:
         logger.info("Refused peer %s: no valid invite token for run %s", peer_id, _run_id)
     return admitted
+
+
+async def _tokens_at(run_id: str, peer_id: str, _dht, node) -> list[str]:
+    """The registry's tokens in the local storage of ``peer_id``'s DHT node (run in the DHT)."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.dht.storage import DictionaryDHTValue
+    from hivemind.p2p import PeerID
+
+    key_id = DHTID.generate(source=registry_key(run_id))
+    found = await node.protocol.call_find(PeerID.from_base58(peer_id), [key_id])
+    value = (found or {}).get(key_id, (None, None))[0]
+    if value is None or not isinstance(value.value, DictionaryDHTValue):
+        return []
+    tokens = []
+    for _subkey, entry in value.value.items():
+        try:
+            token = node.protocol.serializer.loads(entry.value)
+        except Exception:  # not ours to parse: skip it
+            continue
+        if isinstance(token, str) and len(token) <= _MAX_TOKEN:
+            tokens.append(token)
+    return tokens
 
 
 def publish(dht, token: str, subkey) -> None:
