@@ -3,7 +3,7 @@ workers that read their invite code from a real Secret Service (gnome-keyring in
 session, as in LAB.md), redeem it over the backbone's HTTP endpoint, fetch their shards from the
 backbone (members only: with the token), train, renew their tokens during the test and keep
 averaging across the renewals; a revoked one stops with invite_revoked, one without a code with
-invite_missing. No member refuses another, or is refused by the backbone, before the revocation.
+invite_missing. No member refuses another as they join, nor the backbone anyone before the revocation.
 The app sends the stored token for the members' swarm summary."""
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ def test_invited_volunteers_redeem_train_and_renew(secret_service, tmp_path, mon
             return (peer.worker.home / "worker.log").read_text().count(RENEWED)
 
         wait_until(peers, lambda: all(p.rounds >= 1 for p in peers), 240, "the invited volunteers did not average")
+        joining = [(p.worker.home / "worker.log").read_text() for p in peers]
         wait_until(peers, lambda: all(renewals(p) >= 2 for p in peers), 120, "the tokens were not renewed")
         after = [p.rounds for p in peers]
         wait_until(peers, lambda: all(p.rounds >= r + 2 for p, r in zip(peers, after, strict=True)), 120,
@@ -119,7 +120,6 @@ def test_invited_volunteers_redeem_train_and_renew(secret_service, tmp_path, mon
         # revoke the second volunteer: its next renewal is refused and it stops, saying why
         victim = next(s.peer_id for s in peers[1].states if s.peer_id)
         before = (tmp_path / "backbone.log").read_text()
-        members_before = [(p.worker.home / "worker.log").read_text() for p in peers]
         org.InviteStore(tmp_path / "backbone").revoke(victim)
         # it says so when its training loop next looks: after the step it is blocked in, which can
         # last two averaging rounds' timeouts (15 s each here, so up to 30 s)
@@ -136,7 +136,7 @@ def test_invited_volunteers_redeem_train_and_renew(secret_service, tmp_path, mon
         # no invited peer was refused across its renewals; after the revocation only the victim may be
         # (its last token can expire while it is still blocked in a step)
         assert "Refused peer" not in before
-        for peer, log in zip(peers, members_before, strict=True):  # nor did the members refuse each other
+        for peer, log in zip(peers, joining, strict=True):  # nor did the members refuse each other as they joined
             assert "Refused peer" not in log, (peer.name, [line for line in log.splitlines() if "Refused" in line])
         refused = set(re.findall(r"Refused peer (\w+)", (tmp_path / "backbone.log").read_text()[len(before):]))
         assert refused <= {victim}, (refused, victim)
