@@ -65,6 +65,8 @@ from hivemind.compression import Float16Compression
 from dedloc_core.engine import swarm
 a = json.loads(sys.argv[1])
 swarm.prepare_process()
+import logging
+logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 i, n, size, out, go = a["index"], a["peers"], a["size"], Path(a["out"]), Path(a["go"])
 def say(**kw):
     with out.open("a") as f:
