@@ -48,7 +48,7 @@ publishing 0-1 s after the step's end. How it differs from N real peers:
 
 The load generators run on the same cores; the cores figure is the backbone tree's own CPU time.
 
-    PYTHONPATH=. .venv/bin/python bench/backbone_crowd.py --volunteers 50,100,250,500 --seconds 90
+    PYTHONPATH=. .venv/bin/python bench/backbone_crowd.py --volunteers 50,100,250,500   # about 8 minutes
     PYTHONPATH=. .venv/bin/python bench/backbone_crowd.py --quick        # 20 volunteers, 30 s
 """
 
@@ -487,8 +487,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--volunteers", default="50,100,250,500", help="comma-separated N to sweep")
     p.add_argument("--viewers", type=int, default=50)
-    p.add_argument("--seconds", type=float, default=90.0, help="measured seconds per N")
-    p.add_argument("--warmup", type=float, default=35.0, help="seconds per N before measuring")
+    p.add_argument("--seconds", type=float, default=60.0, help="measured seconds per N")
+    p.add_argument("--warmup", type=float, default=30.0, help="seconds per N before measuring")
     p.add_argument("--step-seconds", type=float, default=20.0, help="length of a simulated global step")
     p.add_argument("--per-process", type=int, default=125, help="volunteers per load-generator process")
     p.add_argument("--keys", default=str(Path(tempfile.gettempdir()) / "backbone_crowd_keys"))
