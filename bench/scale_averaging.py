@@ -25,7 +25,8 @@ the mean of its group's tensors (within fp16's error). Per N it prints the round
 peer's step, matchmaking included), the group sizes formed, the LP's solve time and split for
 those groups (``load_balance_peers`` called here on each group's declared bandwidths, as every
 member's averager calls it), the peers' memory (RSS and USS summed over their process trees), and
-``scale_averaging: peers N, rounds R, success S %, round T s (p95 P s), group G``.
+``scale_averaging: peers N, rounds R, success S %, round T s (p95 P s), group G`` as each N ends;
+then the table. Each peer's log (hivemind's warnings) stays in the temporary folder ``scaleN-*``.
 """
 
 from __future__ import annotations
@@ -271,15 +272,14 @@ def main() -> None:
         s = rows[-1]
         print(f"  N={n}: started in {s['started']:.0f} s, peers' memory RSS {s['rss']:.0f} MiB, "
               f"USS {s['uss']:.0f} MiB; groups {s['histogram']}", flush=True)
+        print(f"scale_averaging: peers {s['n']}, rounds {s['rounds']}, success {s['success']:.0f} %, "
+              f"round {s['mean']:.1f} s (p95 {s['p95']:.1f} s), group {s['group']:.1f}", flush=True)
     print(f"{'peers':>5} {'rounds':>6} {'success':>8} {'round s':>8} {'p95 s':>6} {'group':>6} "
           f"{'LP ms':>6} {'share min':>9} {'share max':>9} {'no part':>7} {'USS MiB':>8}")
     for s in rows:
         print(f"{s['n']:5d} {s['rounds']:6d} {s['success']:7.0f}% {s['mean']:8.1f} {s['p95']:6.1f} "
               f"{s['group']:6.1f} {s['solve']:6.2f} {s['low']:9.3f} {s['high']:9.3f} {s['idle']:7d} "
               f"{s['uss']:8.0f}")
-    for s in rows:
-        print(f"scale_averaging: peers {s['n']}, rounds {s['rounds']}, success {s['success']:.0f} %, "
-              f"round {s['mean']:.1f} s (p95 {s['p95']:.1f} s), group {s['group']:.1f}")
 
 
 if __name__ == "__main__":
