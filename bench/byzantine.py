@@ -200,7 +200,8 @@ class Barrier:
     ``honest``) wait for the attackers at most that long once they are all there (then 2 s once the
     attackers have missed a barrier): a banned attacker spends a whole matchmaking timeout per step,
     and the honest peers need not. With ``done``, an attacker stops waiting once that file exists
-    (the honest peers finished: another attacker may never come)."""
+    (the honest peers finished: another attacker may never come). A peer that wrote ``gone``
+    (its model diverged) counts as there at every later barrier."""
 
     def __init__(self, work: Path, name: str, index: int, peers: int, honest: int, grace: float | None = None,
                  done: Path | None = None):
@@ -213,19 +214,25 @@ class Barrier:
         stem = f"{self.name}.b{self.count}"
         (self.work / f"{stem}.{self.index}").touch()
         deadline, honest_since = time.monotonic() + timeout, None
-        while not all((self.work / f"{stem}.{i}").exists() for i in range(self.peers)):
+        while not all(self.there(stem, i) for i in range(self.peers)):
             if (self.work / f"{self.name}.abort").exists():
                 raise SystemExit("another peer failed")
             if self.done is not None and self.done.exists():
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"barrier {self.count}: the other peers did not come")
-            if self.grace is not None and all((self.work / f"{stem}.{i}").exists() for i in range(self.honest)):
+            if self.grace is not None and all(self.there(stem, i) for i in range(self.honest)):
                 honest_since = honest_since or time.monotonic()
                 if time.monotonic() - honest_since > (2.0 if self.missed else self.grace):
                     self.missed += 1
                     return
             time.sleep(0.02)
+
+    def there(self, stem: str, index: int) -> bool:
+        return (self.work / f"{stem}.{index}").exists() or (self.work / f"{self.name}.gone{index}").exists()
+
+    def leave(self) -> None:
+        (self.work / f"{self.name}.gone{self.index}").touch()
 
 
 def run_peer(args: argparse.Namespace) -> None:
@@ -331,6 +338,9 @@ def peer_main(index: int, conf: dict, args: argparse.Namespace, work: Path) -> d
         groups.append(opt.last_group_size if opt.rounds_joined > rounds else 0)  # 0: the round failed
         if attacker_ids:
             banned.append([robust.banned(a) for a in attacker_ids])
+        if not attacker and not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            barrier.leave()  # diverged: its eval is inf whatever follows, and each further step would
+            break  # cost the others a matchmaking timeout (they banned it for its NaN parts)
     wall = time.monotonic() - began
     if not attacker:
         honest_done.touch()
