@@ -163,5 +163,33 @@ def test_compression_noise_is_not_a_lie():
     x = _centered_clip(parts)
     exact = _rows(parts, x)
     received = {i: rc.claim(1.0, (p - x).half().float(), b"s", 0, 0) for i, p in enumerate(parts)}  # fp16 deltas
-    rel = rc.tolerance("Float16Compression")
-    assert rc.judge(exact, received, own=0, reducer_sender=3, radius=1.0, rel=rel).outcome == rc.OK
+    tol = rc.tolerance("Float16Compression")
+    verdict = rc.judge(exact, received, own=0, reducer_sender=3, radius=1.0, rel=tol.rel, floor=tol.norm(5000))
+    assert verdict.outcome == rc.OK, verdict
+
+
+@pytest.mark.parametrize("outlier", [None, -0.5, 3.0])
+def test_gradients_below_fp16s_normal_range_are_not_a_lie(outlier):
+    # deltas of a few 1e-6 per value: fp16 keeps them only to steps of 2**-24, about 7 % here
+    from hivemind.compression import CompressionInfo, Float16Compression
+
+    codec = Float16Compression()
+
+    def fp16(t: torch.Tensor) -> torch.Tensor:
+        return codec.extract(codec.compress(t, CompressionInfo.from_tensor(t)))
+
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(20000, generator=gen) * 1e-6
+    parts = [fp16(base + torch.randn(20000, generator=gen) * 3e-7) for _ in range(4)]
+    if outlier is not None:
+        parts[3] = fp16(parts[3] * outlier)
+    x = _centered_clip(parts)
+    reducer = _rows(parts, x)
+    senders = {i: rc.claim(1.0, -fp16(x - p), b"s", 0, 0) for i, p in enumerate(parts)}  # what each got back
+    tol = rc.tolerance("Float16Compression")
+    for own in range(3):
+        verdict = rc.judge(reducer, senders, own=own, reducer_sender=3, radius=1.0, rel=tol.rel, floor=tol.norm(20000))
+        assert verdict.outcome == rc.OK, verdict
+    lied = {i: rc.claim(1.0, -fp16(-10 * x - p), b"s", 0, 0) for i, p in enumerate(parts)}  # -10 x still shows
+    verdict = rc.judge(reducer, lied, own=0, reducer_sender=3, radius=1.0, rel=tol.rel, floor=tol.norm(20000))
+    assert verdict.outcome == rc.GUILTY, verdict

@@ -25,6 +25,7 @@ off, and the mean has no defence against one bad part anyway: only the first two
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -36,9 +37,25 @@ SPREAD = 1.6  # the sketch's squared norm over the true one stays below this (ab
 GUILTY, UNSURE, OK = "guilty", "unsure", "ok"
 
 
-def tolerance(compression: str) -> float:
-    """Relative error of a delta sent back under ``compression`` (a hivemind class name)."""
-    return {"NoCompression": 1e-5, "Float16Compression": 2.0**-8}.get(compression, 0.05)
+@dataclass(frozen=True)
+class Tolerance:
+    """The error of a delta sent back under some compression: ``rel`` of each value, and at most
+    ``floor`` on each value whatever its size (fp16 rounds values below 2**-14 to steps of 2**-24,
+    so a delta of gradients around 1e-6 per value is off by several percent)."""
+
+    rel: float
+    floor: float = 0.0
+
+    def norm(self, size: int) -> float:
+        """The most the fixed part of the error adds to the norm of a part of ``size`` values."""
+        return self.floor * math.sqrt(size)
+
+
+def tolerance(compression: str) -> Tolerance:
+    """The error of a delta sent back under ``compression`` (a hivemind class name)."""
+    if compression == "Float16Compression":
+        return Tolerance(2.0**-8, 2.0**-25)
+    return Tolerance(1e-5 if compression == "NoCompression" else 0.05)
 
 
 def sketch(vector: torch.Tensor, seed: bytes, reducer: int, part: int) -> torch.Tensor:
@@ -82,32 +99,34 @@ class Verdict:
     reason: str = ""
 
 
-def _differ(a: torch.Tensor, b: torch.Tensor, rel: float) -> bool:
-    """Do two claims about the same part disagree beyond what compression explains?"""
+def _differ(a: torch.Tensor, b: torch.Tensor, rel: float, floor: float) -> bool:
+    """Do two claims about the same part disagree beyond what compression explains (``rel`` of the
+    distance, plus ``floor`` on the norm whatever the distance)?"""
     if abs(float(a[0]) - float(b[0])) > 1e-6 * max(abs(float(a[0])), abs(float(b[0])), 1e-12):
         return True
     scale = max(float(a[1]), float(b[1]))
-    allowed = 4 * rel * scale + 1e-9
+    allowed = 4 * (rel * scale + floor) + 1e-9
     return abs(float(a[1]) - float(b[1])) > allowed or float((a[2:] - b[2:]).norm()) > allowed
 
 
 def judge(reducer_claims: dict[int, torch.Tensor], sender_claims: dict[int, torch.Tensor], own: int | None,
-          reducer_sender: int | None, radius: float | None, rel: float) -> Verdict:
+          reducer_sender: int | None, radius: float | None, rel: float, floor: float = 0.0) -> Verdict:
     """The verdict on one part of one reducer.
 
     ``reducer_claims``: sender position -> the reducer's claim row about that sender's part (the
     senders it averaged); ``sender_claims``: sender position -> that sender's own row (those that
     answered, this peer's included); ``own``: this peer's sender position (None: it sent nothing);
     ``reducer_sender``: the reducer's own sender position (None if it sent nothing); ``radius``:
-    the clip radius with ``centered_clip``, None with ``mean``; ``rel``: ``tolerance``."""
+    the clip radius with ``centered_clip``, None with ``mean``; ``rel`` and ``floor``: the relative
+    and the fixed error on a delta's norm (``Tolerance``)."""
     if own is not None and own in sender_claims:
         mine = reducer_claims.get(own)
-        if mine is None or _differ(mine, sender_claims[own], rel):
+        if mine is None or _differ(mine, sender_claims[own], rel, floor):
             return Verdict(GUILTY, "its account of our part does not match the average it sent us")
     for position, theirs in sender_claims.items():
         if position in (own, reducer_sender):
             continue
-        if position not in reducer_claims or _differ(reducer_claims[position], theirs, rel):
+        if position not in reducer_claims or _differ(reducer_claims[position], theirs, rel, floor):
             return Verdict(UNSURE, f"it and sender {position} disagree about that sender's part")
     if radius is None or not reducer_claims:
         return Verdict(OK)
@@ -128,7 +147,7 @@ def judge(reducer_claims: dict[int, torch.Tensor], sender_claims: dict[int, torc
 
 
 def judge_round(peers: list, me, senders: list, lengths: list[list[int]], answers: dict, radius: float | None,
-                rel: float) -> list[tuple[object, Verdict]]:
+                tol: Tolerance) -> list[tuple[object, Verdict]]:
     """The verdicts that are not OK on every part of every reducer but ``me``, a guilty one last.
 
     ``peers``: the group in reducer order; ``senders``: those that sent parts; ``lengths[r]``: the
@@ -152,7 +171,8 @@ def judge_round(peers: list, me, senders: list, lengths: list[list[int]], answer
             mine = {s: as_reducer[k, s] for s in range(len(senders)) if float(as_reducer[k, s].abs().sum()) > 0}
             theirs = {s: answers[p][offset + k] for s, p in enumerate(senders)
                       if isinstance(answers.get(p), torch.Tensor) and answers[p].shape[0] >= sent}
-            verdict = judge(mine, theirs, own, senders.index(reducer) if reducer in senders else None, radius, rel)
+            verdict = judge(mine, theirs, own, senders.index(reducer) if reducer in senders else None, radius,
+                            tol.rel, tol.norm(lengths[r][k]))
             if verdict.outcome == GUILTY:
                 return [(reducer, verdict)]
             if verdict.outcome == UNSURE:
