@@ -37,13 +37,15 @@ average, ``reducer-scale`` x100, ``reducer-shift`` the true average + 1.0.
 Lockstep, so that every configuration sees the same data and the same number of steps: the target
 batch is one micro-batch (``--batch``) and the peers pass a barrier after each micro-batch's backward
 pass, so all call ``opt.step()`` together, every step is one all-reduce among them (weights equal)
-and one optimizer step. Peer i reads the corpus in the same order in every configuration (seed
+and one optimizer step (a peer whose tracker had not yet read the others' progress finishes its step
+once it has: ``finish_step``). Peer i reads the corpus in the same order in every configuration (seed
 100 + i); the model starts from the same seed; the eval is the recipe's fixed held-out windows of
 ``eval.txt``. Each honest peer evaluates its own model after ``--steps`` steps; a configuration's
 figure is the mean over the honest peers. After each ``opt.step()`` every honest peer records
 whether it has banned each attacker (``robust.banned`` of the peer ids the attackers write to the
 work folder); each peer has its own ``DEDLOC_HOME`` and each run its own run id, so every
-configuration, run and peer starts with an empty ban table.
+configuration, run and peer starts with an empty ban table. ``BYZ_DEBUG=1`` logs hivemind's
+averaging and optimizer at DEBUG in the peers' logs (``--keep``).
 
 Configurations: ``honest`` (mean aggregation, no attacker), then for each attack ``mean`` and
 ``centered_clip``; each runs ``--runs`` times (2). ``2of5`` in ``--attacks`` adds a set of its own:
@@ -194,6 +196,19 @@ def lie_as_reducer(attack: str) -> None:
 # ---- one peer (a child process) -------------------------------------------------------------------
 
 
+def finish_step(opt) -> None:
+    """Finish a step that ``opt.step()`` left undone. hivemind steps only once its tracker has seen
+    the swarm reach the target batch, and the tracker reads the others' reports in the background:
+    a peer that calls ``step`` a moment before its next read accumulates its gradient and returns.
+    Training would simply go on; here it would wait at the barrier while the others wait for its
+    part in the round it had already scheduled, until the round fails for all of them. So it waits
+    for its tracker and runs the step's update without accumulating the gradient again."""
+    deadline = time.monotonic() + 30
+    while not opt.tracker.ready_to_update_epoch and time.monotonic() < deadline:
+        time.sleep(0.02)
+    opt._update_global_epoch(None)
+
+
 class Barrier:
     """All ``peers`` peers of a configuration meet here (files in the work folder); a peer that fails
     writes ``abort``, and the others stop waiting. With ``grace``, the honest peers (the first
@@ -242,6 +257,9 @@ def run_peer(args: argparse.Namespace) -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(_Tag(args.index))
     logging.getLogger("dedloc_core").setLevel(logging.INFO)
+    if os.environ.get("BYZ_DEBUG"):
+        logging.getLogger("hivemind.averaging").setLevel(logging.DEBUG)
+        logging.getLogger("hivemind.optim").setLevel(logging.DEBUG)
     work, conf = Path(args.work), json.loads(args.conf)
     try:
         out = peer_main(args.index, conf, args, work)
@@ -332,8 +350,10 @@ def peer_main(index: int, conf: dict, args: argparse.Namespace, work: Path) -> d
         barrier.wait(timeout=300)
         if attacker and honest_done.exists():
             break
-        rounds = opt.rounds_joined
+        rounds, epoch = opt.rounds_joined, opt.local_epoch
         opt.step()
+        if opt.local_epoch == epoch:
+            finish_step(opt)
         opt.zero_grad()
         groups.append(opt.last_group_size if opt.rounds_joined > rounds else 0)  # 0: the round failed
         if attacker_ids:
