@@ -17,22 +17,23 @@ from dedloc_core.engine import reducer_check as rc
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Peer i holds 1.0 + 0.1 * noise (seed i), 2**20 values (each of the four reduces a share). The
-# attacker (peer 3) sends honest values; as a reducer it lies: "source" (its robust.aggregate
-# returns -10 x the centered clip, so its own records agree with the lie) or "stream" (it averages
-# honestly, then sends back the average - 10). "verify"/"plain": the check on or off.
+# Peer i holds scale x (1.0 + 0.1 * noise) (seed i; scale 1 but where said), 2**20 values (each of
+# the four reduces a share). The attacker (peer 3) sends honest values; as a reducer it lies:
+# "source" (its robust.aggregate returns -10 x the centered clip, so its own records agree with the
+# lie) or "stream" (it averages honestly, then sends back the average - 10). "verify"/"plain": the
+# check on or off.
 SWARM = """
 import json, sys, tempfile
 from pathlib import Path
 import torch, hivemind
 from hivemind.compression import Float16Compression
 from dedloc_core.engine import bans, hivemind_ext, robust
-lie, check = sys.argv[1], sys.argv[2] == "verify"
+lie, check, scale = sys.argv[1], sys.argv[2] == "verify", float(sys.argv[3])
 hivemind_ext.install()
 robust.configure("centered_clip", verify=check)
 bans.load("verified", Path(tempfile.mkdtemp()))  # the shared ban table, before the averagers fork
 size = 2**20
-values = [1.0 + 0.1 * torch.randn(size, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+values = [scale * (1.0 + 0.1 * torch.randn(size, generator=torch.Generator().manual_seed(i))) for i in range(4)]
 first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
 dhts = [first] + [hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                                initial_peers=[str(a) for a in first.get_visible_maddrs()]) for _ in range(3)]
@@ -72,7 +73,8 @@ out = []
 for i, a in enumerate(averagers[:3]):
     with a.get_tensors() as tensors:
         t = tensors[0]
-        out.append({"unchanged": bool(torch.equal(t, values[i])), "min": float(t.min()), "max": float(t.max())})
+        out.append({"unchanged": bool(torch.equal(t, values[i])), "min": float(t.min()) / scale,
+                    "max": float(t.max()) / scale})
 print(json.dumps({"honest": out, "groups": groups, "banned": robust.banned(attacker),
                   "bans": [b.reason for b in bans.active()]}))
 for a in averagers:
@@ -82,9 +84,9 @@ for d in dhts:
 """
 
 
-def swarm(lie: str, check: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", SWARM, lie, check], cwd=ROOT, capture_output=True, text=True,
-                         timeout=240)
+def swarm(lie: str, check: str, scale: float = 1.0) -> dict:
+    out = subprocess.run([sys.executable, "-c", SWARM, lie, check, str(scale)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -107,8 +109,9 @@ def test_without_the_check_the_lie_is_applied():
 
 
 @pytest.mark.slow
-def test_an_honest_group_passes_the_check():
-    seen = swarm("none", "verify")
+@pytest.mark.parametrize("scale", [1.0, 1e-6])  # 1e-6: deltas below fp16's normal range, as gradients are
+def test_an_honest_group_passes_the_check(scale):
+    seen = swarm("none", "verify", scale)
     assert seen["groups"] == [4, 4, 4], seen
     for peer in seen["honest"]:
         assert not peer["unchanged"] and 0.5 < peer["min"] <= peer["max"] < 1.5, seen
