@@ -140,10 +140,11 @@ def test_the_judge_accepts_a_true_clip_and_convicts_a_shifted_one():
     parts = [torch.randn(5000, generator=gen) * 0.1 + 1.0 for _ in range(4)]
     x = _centered_clip(parts)
     claims = _rows(parts, x)
-    assert rc.judge(claims, claims, own=0, reducer_sender=3, radius=1.0, rel=1e-5).outcome == rc.OK
+    exact = rc.Tolerance(1e-5)
+    assert rc.judge(claims, claims, own=0, reducer_sender=3, radius=1.0, tol=exact, size=5000).outcome == rc.OK
     for lie in (-10 * x, x + 1.0, x + 0.2):  # the reducer's records agree with the lie; only the clip can tell
         lied = _rows(parts, lie)
-        verdict = rc.judge(lied, lied, own=0, reducer_sender=3, radius=1.0, rel=1e-5)
+        verdict = rc.judge(lied, lied, own=0, reducer_sender=3, radius=1.0, tol=exact, size=5000)
         assert verdict.outcome == rc.GUILTY, (verdict, float((lie - x).norm()))
 
 
@@ -153,10 +154,12 @@ def test_the_judge_convicts_a_reducer_whose_account_of_our_part_is_false_and_dou
     x = _centered_clip(parts)
     truth = _rows(parts, x)
     sent_us = _rows(parts, -10 * x)  # what we (sender 0) would claim after receiving the lie
-    assert rc.judge(truth, {0: sent_us[0]}, own=0, reducer_sender=3, radius=None, rel=1e-5).outcome == rc.GUILTY
+    exact = rc.Tolerance(1e-5)
+    verdict = rc.judge(truth, {0: sent_us[0]}, own=0, reducer_sender=3, radius=None, tol=exact, size=5000)
+    assert verdict.outcome == rc.GUILTY, verdict
     other = dict(truth)
     other[1] = rc.claim(1.0, parts[1] - x + 0.5, b"s", 0, 0)  # sender 1 says otherwise: one of the two lies
-    verdict = rc.judge(truth, other, own=0, reducer_sender=3, radius=1.0, rel=1e-5)
+    verdict = rc.judge(truth, other, own=0, reducer_sender=3, radius=1.0, tol=exact, size=5000)
     assert verdict.outcome == rc.UNSURE, verdict
 
 
@@ -167,7 +170,7 @@ def test_compression_noise_is_not_a_lie():
     exact = _rows(parts, x)
     received = {i: rc.claim(1.0, (p - x).half().float(), b"s", 0, 0) for i, p in enumerate(parts)}  # fp16 deltas
     tol = rc.tolerance("Float16Compression")
-    verdict = rc.judge(exact, received, own=0, reducer_sender=3, radius=1.0, rel=tol.rel, floor=tol.norm(5000))
+    verdict = rc.judge(exact, received, own=0, reducer_sender=3, radius=1.0, tol=tol, size=5000)
     assert verdict.outcome == rc.OK, verdict
 
 
@@ -191,8 +194,8 @@ def test_gradients_below_fp16s_normal_range_are_not_a_lie(outlier):
     senders = {i: rc.claim(1.0, -fp16(x - p), b"s", 0, 0) for i, p in enumerate(parts)}  # what each got back
     tol = rc.tolerance("Float16Compression")
     for own in range(3):
-        verdict = rc.judge(reducer, senders, own=own, reducer_sender=3, radius=1.0, rel=tol.rel, floor=tol.norm(20000))
+        verdict = rc.judge(reducer, senders, own=own, reducer_sender=3, radius=1.0, tol=tol, size=20000)
         assert verdict.outcome == rc.OK, verdict
     lied = {i: rc.claim(1.0, -fp16(-10 * x - p), b"s", 0, 0) for i, p in enumerate(parts)}  # -10 x still shows
-    verdict = rc.judge(reducer, lied, own=0, reducer_sender=3, radius=1.0, rel=tol.rel, floor=tol.norm(20000))
+    verdict = rc.judge(reducer, lied, own=0, reducer_sender=3, radius=1.0, tol=tol, size=20000)
     assert verdict.outcome == rc.GUILTY, verdict

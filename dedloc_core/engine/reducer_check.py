@@ -99,34 +99,33 @@ class Verdict:
     reason: str = ""
 
 
-def _differ(a: torch.Tensor, b: torch.Tensor, rel: float, floor: float) -> bool:
-    """Do two claims about the same part disagree beyond what compression explains (``rel`` of the
-    distance, plus ``floor`` on the norm whatever the distance)?"""
+def _differ(a: torch.Tensor, b: torch.Tensor, tol: Tolerance, size: int) -> bool:
+    """Do two claims about the same part of ``size`` values disagree beyond what compression explains?"""
     if abs(float(a[0]) - float(b[0])) > 1e-6 * max(abs(float(a[0])), abs(float(b[0])), 1e-12):
         return True
     scale = max(float(a[1]), float(b[1]))
-    allowed = 4 * (rel * scale + floor) + 1e-9
+    allowed = 4 * (tol.rel * scale + tol.norm(size)) + 1e-9
     return abs(float(a[1]) - float(b[1])) > allowed or float((a[2:] - b[2:]).norm()) > allowed
 
 
 def judge(reducer_claims: dict[int, torch.Tensor], sender_claims: dict[int, torch.Tensor], own: int | None,
-          reducer_sender: int | None, radius: float | None, rel: float, floor: float = 0.0) -> Verdict:
+          reducer_sender: int | None, radius: float | None, tol: Tolerance, size: int) -> Verdict:
     """The verdict on one part of one reducer.
 
     ``reducer_claims``: sender position -> the reducer's claim row about that sender's part (the
     senders it averaged); ``sender_claims``: sender position -> that sender's own row (those that
     answered, this peer's included); ``own``: this peer's sender position (None: it sent nothing);
     ``reducer_sender``: the reducer's own sender position (None if it sent nothing); ``radius``:
-    the clip radius with ``centered_clip``, None with ``mean``; ``rel`` and ``floor``: the relative
-    and the fixed error on a delta's norm (``Tolerance``)."""
+    the clip radius with ``centered_clip``, None with ``mean``; ``tol``: the compression's error
+    (``tolerance``); ``size``: the part's number of values."""
     if own is not None and own in sender_claims:
         mine = reducer_claims.get(own)
-        if mine is None or _differ(mine, sender_claims[own], rel, floor):
+        if mine is None or _differ(mine, sender_claims[own], tol, size):
             return Verdict(GUILTY, "its account of our part does not match the average it sent us")
     for position, theirs in sender_claims.items():
         if position in (own, reducer_sender):
             continue
-        if position not in reducer_claims or _differ(reducer_claims[position], theirs, rel, floor):
+        if position not in reducer_claims or _differ(reducer_claims[position], theirs, tol, size):
             return Verdict(UNSURE, f"it and sender {position} disagree about that sender's part")
     if radius is None or not reducer_claims:
         return Verdict(OK)
@@ -140,7 +139,7 @@ def judge(reducer_claims: dict[int, torch.Tensor], sender_claims: dict[int, torc
         w, d = float(reducer_claims[position][0]), float(reducer_claims[position][1])
         residual += max(w, 0.0) * min(1.0, tau / max(d, 1e-30)) * reducer_claims[position][2:]
     own_weight = max(float(reducer_claims[reducer_sender][0]), 0.0) if reducer_sender in reducer_claims else 0.0
-    bound = (own_weight + SLACK * total) * tau + 4 * rel * total * float(distances.max())
+    bound = (own_weight + SLACK * total) * tau + 4 * tol.rel * total * float(distances.max())
     if float(residual.pow(2).sum()) > SPREAD * bound**2 + 1e-18:
         return Verdict(GUILTY, "its average is not the centered clip of the parts it was sent")
     return Verdict(OK)
@@ -172,7 +171,7 @@ def judge_round(peers: list, me, senders: list, lengths: list[list[int]], answer
             theirs = {s: answers[p][offset + k] for s, p in enumerate(senders)
                       if isinstance(answers.get(p), torch.Tensor) and answers[p].shape[0] >= sent}
             verdict = judge(mine, theirs, own, senders.index(reducer) if reducer in senders else None, radius,
-                            tol.rel, tol.norm(lengths[r][k]))
+                            tol, lengths[r][k])
             if verdict.outcome == GUILTY:
                 return [(reducer, verdict)]
             if verdict.outcome == UNSURE:
