@@ -20,7 +20,10 @@ link: 10 to 100 Mbit/s down, a fifth of that up, 20 to 150 ms one-way delay (``s
 bootstrap node's link is not shaped. ``--loopback``: no lab, every process on 127.0.0.1.
 
 Rounds go in lockstep: the bench tells all peers to start round r at the same moment once every
-peer has reported round r - 1. A round succeeds when every peer's step returned and its result is
+peer has reported round r - 1. A warm-up round comes first and is shown, not counted (a freshly
+started swarm's first dials can meet libp2p's dial backoff and leave a peer without a group). Peers
+stay up until every round is reported: a reducer that leaves as soon as its own step returns fails
+the zero-share senders it still owes their results. A round succeeds when every peer's step returned and its result is
 the mean of its group's tensors (within fp16's error). Per N it prints the round times (the slowest
 peer's step, matchmaking included), the group sizes formed, the LP's solve time and split for
 those groups (``load_balance_peers`` called here on each group's declared bandwidths, as every
@@ -68,6 +71,9 @@ a = json.loads(sys.argv[1])
 swarm.prepare_process()
 import logging
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+if a["debug"]:
+    for name in ("hivemind.averaging", "hivemind.p2p", "dedloc_core"):
+        logging.getLogger(name).setLevel(logging.DEBUG)
 i, n, size, out, go = a["index"], a["peers"], a["size"], Path(a["out"]), Path(a["go"])
 def say(**kw):
     with out.open("a") as f:
@@ -105,6 +111,8 @@ while done < a["rounds"] - 1:
         say(round=r, ok=False, time=time.perf_counter() - began, group=None, err=None,
             error=f"{type(exc).__name__}: {exc}"[:300])
     done = r
+while go.read_text().split()[0] != "end":  # a reducer that leaves at once fails its zero-share senders
+    time.sleep(0.1)
 averager.shutdown()
 dht.shutdown()
 """
@@ -176,7 +184,7 @@ def run_n(n: int, args, lab_cls) -> dict:
             outs.append(out)
             peer_args = dict(index=i, peers=n, size=size, out=str(out), go=str(go), bootstrap=bootstrap,
                              bandwidth=bandwidths[i], matchmaking=MATCHMAKING_TIME, timeout=AVERAGING_TIMEOUT,
-                             rounds=args.rounds, ip="127.0.0.1")
+                             rounds=args.rounds + 1, ip="127.0.0.1", debug=args.debug)
             log = (work / f"peer{i}.log").open("w")
             if lab:
                 host = lab.public(f"p{i}", shapes[i])
@@ -201,7 +209,7 @@ def run_n(n: int, args, lab_cls) -> dict:
         started = time.monotonic() - began
         rss, uss = tree_memory(procs)
         results = []
-        for r in range(args.rounds):
+        for r in range(args.rounds + 1):  # round 0 warms up: first dials, DHT records, libp2p dial backoff
             go.write_text(f"{r} {time.time() + 1.0}")
             limit = time.monotonic() + AVERAGING_TIMEOUT + 60
             while True:
@@ -210,14 +218,18 @@ def run_n(n: int, args, lab_cls) -> dict:
                     break
                 time.sleep(0.2)
             rows = [g[0] if g else dict(ok=False, time=None, group=None, error="no report") for g in got]
-            results.append(rows)
+            if r:
+                results.append(rows)
             ok = all(x["ok"] for x in rows)
             sizes = sorted({len(x["group"]) for x in rows if x["group"]})
             slow = max((x["time"] or 0) for x in rows)
             errors = {x.get("error") for x in rows if x.get("error")}
             failed = sum(1 for x in rows if not x["ok"])
-            print(f"  N={n} round {r}: {'ok' if ok else f'FAILED at {failed} peers'}, {slow:.1f} s, groups of {sizes}"
+            what = "ok" if ok else f"FAILED at {failed} peers"
+            print(f"  N={n} {f'round {r}' if r else 'warm-up'}: {what}, {slow:.1f} s, groups of {sizes}"
                   + (f", errors: {sorted(errors)[:2]}" if errors else ""), flush=True)
+        go.write_text("end")
+        time.sleep(2.0)
         return dict(n=n, results=results, started=started, rss=rss, uss=uss, size=size, bandwidths=bandwidths,
                     work=work)
     finally:
@@ -250,6 +262,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--size-mb", type=float, default=2.0, help="float32 MB averaged per peer")
     ap.add_argument("--loopback", action="store_true", help="no network lab: all peers on 127.0.0.1")
+    ap.add_argument("--debug", action="store_true", help="peers log hivemind's averaging at DEBUG")
     ap.add_argument("--quick", action="store_true", help="4 and 8 peers, 2 rounds, 0.5 MB")
     args = ap.parse_args()
     if args.quick:
