@@ -143,6 +143,7 @@ class Stats(_Tagged, tag="stats"):
     paused_seconds: float
     averaging_seconds: float = 0.0  # time spent in gradient averaging rounds
     samples_dropped: int = 0  # of ``samples``, those a state load dropped before they reached a step
+    rounds_failed: int = 0  # gradient rounds of this worker process that failed (it stepped on its own)
     device: Literal["cpu", "gpu"] = "cpu"  # where compute_seconds since the last stats event were spent
 
 

@@ -589,6 +589,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     step's own local gradients, kept when its round begins, are used instead."""
 
     rounds_joined = 0
+    rounds_failed = 0  # gradient rounds this peer entered that did not average (it stepped on its own)
     last_group_size = 0
     samples_dropped = 0  # accumulated samples a state load threw away: never part of the swarm's steps
     averaging_seconds = 0.0
@@ -929,13 +930,17 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         finally:
             self._local_grads = None
         self.averaging_seconds += time.perf_counter() - began
-        if maybe_step_control is not None and maybe_step_control.done():
-            try:
-                group = maybe_step_control.result(0)
-            except BaseException:  # a failed round: hivemind already used local gradients
-                return
-            self.rounds_joined += 1
-            self.last_group_size = len(group)
+        if maybe_step_control is None:  # no other peer to average with: no round
+            return
+        try:
+            group = maybe_step_control.result(0) if maybe_step_control.done() else None
+        except BaseException:
+            group = None
+        if group is None:  # a failed round: hivemind already used local gradients
+            self.rounds_failed += 1
+            return
+        self.rounds_joined += 1
+        self.last_group_size = len(group)
 
 
 class OwedSteps:

@@ -442,6 +442,7 @@ class Session:
                 samples_dropped=self.dropped(),
                 compute_seconds=self.compute_seconds,
                 rounds=self._carried_rounds + opt.rounds_joined,
+                rounds_failed=getattr(opt, "rounds_failed", 0),
                 bytes_sent=sent,
                 bytes_received=received,
                 paused_seconds=self.paused_seconds,
