@@ -217,12 +217,18 @@ def trim_heap() -> None:
         _libc.malloc_trim(0)
 
 
+# How long p2pd may take to come up. hivemind's 15 s is too short on a busy computer (several
+# workers starting at once on a third of a core take longer): the worker would crash with "Daemon
+# failed to start in 15.0 seconds" instead of joining late.
+P2PD_STARTUP_SECONDS = 90.0
+
+
 def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
     """A started DHT; ``extra`` goes to hivemind (and its P2P), e.g. ``client_mode``, ``use_auto_relay``."""
     hivemind_ext.set_relay_service(cfg.relay_service)
     opts = dict(initial_peers=cfg.initial_peers, host_maddrs=cfg.host_maddrs,
                 announce_maddrs=cfg.announce_maddrs or None, identity_path=cfg.identity_path,
-                client_mode=cfg.client_mode)
+                client_mode=cfg.client_mode, startup_timeout=P2PD_STARTUP_SECONDS)
     if cfg.authorizer is not None:
         opts["authorizer"] = cfg.authorizer
     if cfg.identity_is_new:
