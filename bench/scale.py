@@ -1,7 +1,7 @@
 """A churning swarm in the network lab: N volunteers come and go while the swarm trains (root, Linux).
 
     PYTHONPATH=. .venv/bin/python bench/scale.py [--volunteers 16] [--minutes 8] [--session 180]
-        [--cpu 0.08] [--seed 1] [--modes ours,defaults] [--keep DIR]
+        [--cpu 0.07] [--seed 1] [--modes ours,defaults] [--keep DIR]
 
 Set-up, per mode (a fresh lab each time, the same schedule and seed):
 - a backbone (``dedloc backbone``, public, 0.2 cores) and ``--volunteers`` slots' worth of volunteers
@@ -11,7 +11,9 @@ Set-up, per mode (a fresh lab each time, the same schedule and seed):
 - each volunteer holds ``--cpu`` of a core (a cgroup quota) once it trains. At a tenth of a core a
   worker's imports alone take over half a minute, so a starting worker runs in a shared "starting"
   group (``START_CPU`` cores) and moves into its own group, every process of its tree, when it says
-  "training". Its join time therefore holds less of the start than at its quota;
+  "training". Its join time therefore holds less of the start than at its quota. The first
+  ``--volunteers`` arrive ``STAGGER`` s apart. The quotas and the starting group add up to under two
+  cores, but a burst of starts can still hold a volunteer below its quota for a moment;
 - churn as in sahajBERT's sessions, compressed: session lengths exponential with mean ``--session``
   seconds (at least 30 s), gaps between a slot's sessions exponential with mean ``GAP`` s; enough
   slots that ``--volunteers`` are present on average. A session ends by SIGKILL (a laptop lid,
@@ -70,7 +72,8 @@ from dedloc_core.stats.db import StatsStore  # noqa: E402
 from dedloc_core.stats.recorder import StatsRecorder  # noqa: E402
 
 GAP = 30.0  # mean seconds between a slot's sessions
-START_CPU = 0.3  # cores shared by starting workers
+START_CPU = 0.6  # cores shared by starting workers
+STAGGER = 3.0  # seconds between the first sessions' starts
 BACKBONE_CPU = 0.2
 ENDS = (("kill", 0.3), ("leave", 0.4), ("pause", 0.3))
 RECIPE = {"d_model": 64, "n_layers": 2, "n_heads": 2, "seq_len": 32, "lr": 0.003, "warmup_steps": 0}
@@ -102,13 +105,13 @@ class Event:
 
 def schedule(n: int, seconds: float, session: float, seed: int) -> tuple[int, list[Event]]:
     """Slots and their sessions: about ``n`` present on average, each session ``session`` s on
-    average (at least 30), ``GAP`` s between a slot's sessions. Every slot present at the start is
-    there from 0; the others arrive within their first gap."""
+    average (at least 30), ``GAP`` s between a slot's sessions. The first ``n`` slots arrive
+    ``STAGGER`` s apart; the others within their first gap."""
     rng = random.Random(seed)
     slots = max(n, round(n * (session + GAP) / session))
     events: list[Event] = []
     for slot in range(slots):
-        t = 0.0 if slot < n else rng.expovariate(1 / GAP)
+        t = STAGGER * slot if slot < n else rng.expovariate(1 / GAP)
         while t < seconds:
             events.append(Event(t, slot, "start"))
             t += max(30.0, rng.expovariate(1 / session))
@@ -370,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--volunteers", type=int, default=16, help="present on average")
     ap.add_argument("--minutes", type=float, default=8.0, help="training time per mode")
     ap.add_argument("--session", type=float, default=180.0, help="mean session length, seconds")
-    ap.add_argument("--cpu", type=float, default=0.08, help="each volunteer's CPU quota, cores")
+    ap.add_argument("--cpu", type=float, default=0.07, help="each volunteer's CPU quota, cores")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="ours,defaults")
     ap.add_argument("--keep", default="", help="copy the volunteers' logs here")
