@@ -27,7 +27,9 @@ the zero-share senders it still owes their results. A round succeeds when every 
 the mean of its group's tensors (within fp16's error). Per N it prints the round times (the slowest
 peer's step, matchmaking included), the group sizes formed, the LP's solve time and split for
 those groups (``load_balance_peers`` called here on each group's declared bandwidths, as every
-member's averager calls it), the peers' memory (RSS and USS summed over their process trees), and
+member's averager calls it), the peers' memory (RSS and USS summed over their process trees),
+the machine's CPU busy during the rounds (all cores; near 100 % the lab, not the design, sets the
+round time), and
 ``scale_averaging: peers N, rounds R, success S %, round T s (p95 P s), group G`` as each N ends;
 then the table. Each peer's log (hivemind's warnings) stays in the temporary folder ``scaleN-*``.
 """
@@ -211,6 +213,7 @@ def run_n(n: int, args, lab_cls) -> dict:
         results = []
         for r in range(args.rounds + 1):  # round 0 warms up: first dials, DHT records, libp2p dial backoff
             go.write_text(f"{r} {time.time() + 1.0}")
+            psutil.cpu_percent()  # the machine's CPU from here to the round's end
             limit = time.monotonic() + AVERAGING_TIMEOUT + 60
             while True:
                 got = [[x for x in lines(o) if x.get("round") == r] for o in outs]
@@ -218,6 +221,9 @@ def run_n(n: int, args, lab_cls) -> dict:
                     break
                 time.sleep(0.2)
             rows = [g[0] if g else dict(ok=False, time=None, group=None, error="no report") for g in got]
+            busy = psutil.cpu_percent()
+            for x in rows:
+                x["busy"] = busy
             if r:
                 results.append(rows)
             ok = all(x["ok"] for x in rows)
@@ -226,7 +232,8 @@ def run_n(n: int, args, lab_cls) -> dict:
             errors = {x.get("error") for x in rows if x.get("error")}
             failed = sum(1 for x in rows if not x["ok"])
             what = "ok" if ok else f"FAILED at {failed} peers"
-            print(f"  N={n} {f'round {r}' if r else 'warm-up'}: {what}, {slow:.1f} s, groups of {sizes}"
+            print(f"  N={n} {f'round {r}' if r else 'warm-up'}: {what}, {slow:.1f} s, CPU {busy:.0f} %, "
+                  f"groups of {sizes}"
                   + (f", errors: {sorted(errors)[:2]}" if errors else ""), flush=True)
         go.write_text("end")
         time.sleep(2.0)
@@ -253,7 +260,8 @@ def summarize(run: dict) -> dict:
     p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
     return dict(n=n, rounds=len(results), success=100 * sum(success) / len(success), mean=statistics.mean(times),
                 p95=p95, group=statistics.mean(sizes), histogram=histogram, solve=solve, low=low, high=high,
-                idle=idle, started=run["started"], rss=run["rss"], uss=run["uss"])
+                idle=idle, started=run["started"], rss=run["rss"], uss=run["uss"],
+                busy=statistics.mean(rows[0]["busy"] for rows in results))
 
 
 def main() -> None:
@@ -288,11 +296,11 @@ def main() -> None:
         print(f"scale_averaging: peers {s['n']}, rounds {s['rounds']}, success {s['success']:.0f} %, "
               f"round {s['mean']:.1f} s (p95 {s['p95']:.1f} s), group {s['group']:.1f}", flush=True)
     print(f"{'peers':>5} {'rounds':>6} {'success':>8} {'round s':>8} {'p95 s':>6} {'group':>6} "
-          f"{'LP ms':>6} {'share min':>9} {'share max':>9} {'no part':>7} {'USS MiB':>8}")
+          f"{'LP ms':>6} {'share min':>9} {'share max':>9} {'no part':>7} {'USS MiB':>8} {'CPU %':>6}")
     for s in rows:
         print(f"{s['n']:5d} {s['rounds']:6d} {s['success']:7.0f}% {s['mean']:8.1f} {s['p95']:6.1f} "
               f"{s['group']:6.1f} {s['solve']:6.2f} {s['low']:9.3f} {s['high']:9.3f} {s['idle']:7d} "
-              f"{s['uss']:8.0f}")
+              f"{s['uss']:8.0f} {s['busy']:6.0f}")
 
 
 if __name__ == "__main__":
