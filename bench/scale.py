@@ -291,6 +291,10 @@ def run_mode(name: str, opts: dict, args, pace: pacing.Pace, slots_n: int, event
                 e = pending.pop(0)
                 slot = slots[e.slot]
                 begin(slot, now) if e.kind == "start" else end(slot, e.kind, now)
+                peer_id = next((x.peer_id for x in reversed(slot.sessions[-1].peer.states) if x.peer_id), None)
+                with (folder / "events.jsonl").open("a") as log:  # for reading the workers' logs against
+                    log.write(json.dumps({"time": time.time(), "t": round(now, 1), "slot": e.slot, "kind": e.kind,
+                                          "peer_id": peer_id}) + "\n")
             swarm_step = steps[-1][1] if steps else 0
             present, counted = 0, 0
             for slot in slots:

@@ -149,13 +149,16 @@ def test_the_catalog_chooses_the_aggregation():
         msgspec.convert(tiny_experiment(aggregation="median"), Experiment)
 
 
-# Three peers; the victim sends each reducer its first part, then vanishes from the round (as a peer
-# killed mid-round would), in its own averager only. hivemind averaged the rest without it.
+# Three peers; the victim sends each reducer its first part and answers each sender one average,
+# then vanishes from the round (as a peer killed mid-round would), in its own averager only.
+# hivemind took the round for a success, each peer keeping its own values for the victim's parts.
+# "sender": the victim declares next to no bandwidth, so our load balancing gives it no part to
+# reduce: it is only a sender, and the others average without it.
 PARTIAL = """
 import json, sys
 import torch, hivemind
 from hivemind.averaging import allreduce
-if sys.argv[1] == "patched":
+if sys.argv[1] in ("patched", "sender"):
     from dedloc_core.engine import hivemind_ext
     hivemind_ext.install()
 first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
@@ -173,11 +176,23 @@ async def vanishing(self, peer_index):
         sent += 1
 
 allreduce.AllReduceRunner._generate_input_for_peer = vanishing
+streaming = allreduce.AllReduceRunner._accumulate_parts_streaming
+
+async def vanishing_reducer(self, stream, sender_index):  # it stops answering after one average
+    answered = 0
+    async for message in streaming(self, stream, sender_index):
+        if self.peer_id == VICTIM and answered == 1:
+            raise ConnectionResetError("the victim vanished")
+        yield message
+        answered += 1
+
+allreduce.AllReduceRunner._accumulate_parts_streaming = vanishing_reducer
 values = [torch.full((2_000_000,), float(v)) for v in (1.0, 2.0, 3.0)]
+bandwidths = [100.0, 100.0, 0.01 if sys.argv[1] == "sender" else 100.0]
 averagers = [hivemind.averaging.DecentralizedAverager([v.clone()], dht=d, prefix="partial", target_group_size=3,
                                                       min_matchmaking_time=3.0, request_timeout=1.0,
-                                                      next_chunk_timeout=3.0, start=True)
-             for v, d in zip(values, dhts)]
+                                                      next_chunk_timeout=3.0, bandwidth=b, start=True)
+             for v, d, b in zip(values, dhts, bandwidths)]
 futures = [a.step(wait=False, timeout=30, allow_retries=False) for a in averagers]
 outcome, messages = [], []
 for f in futures[:2]:
@@ -186,7 +201,12 @@ for f in futures[:2]:
     except Exception as exc:
         outcome.append(type(exc).__name__)
         messages.append(str(exc))
-print(json.dumps({"outcome": outcome, "messages": messages, "peers": [str(d.peer_id) for d in dhts]}))
+held = []
+for a in averagers[:2]:
+    with a.get_tensors() as tensors:
+        held.append(sorted({round(float(x), 3) for x in tensors[0].unique()}))
+print(json.dumps({"outcome": outcome, "messages": messages, "peers": [str(d.peer_id) for d in dhts],
+                  "held": held}))
 for a in averagers:
     a.shutdown()
 for d in dhts:
@@ -207,6 +227,13 @@ def test_a_partial_all_reduce_is_a_failed_round():
     for message in result["messages"]:  # the log names the averager and the peers whose averages are missing
         assert "partial all-reduce in partial:" in message, message
         assert any(f"...{peer[-6:]}" in message for peer in result["peers"]), message
+
+
+@pytest.mark.slow
+def test_a_sender_gone_mid_round_is_averaged_without_and_the_round_goes_on():
+    result = partial("sender")
+    assert result["outcome"] == [3, 3], result  # with the victim's first parts, then without it
+    assert result["held"][0] == result["held"][1] and set(result["held"][0]) <= {2.0, 1.5}, result
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ The code is organized as follows, in install order:
 - ``leader_poll``: matchmaking fetches a group's averagers at a pace.
 - ``optimizer_init``: the zero step that creates the optimizer's statistics counts no step.
 - ``replica_sockets``: an averager shuts its P2P replica down (no socket file left).
+- ``leave_drain``: a leaving averager first sends the averages it still owes.
 - ``dht_orphans``: the DHT drops a request from a process that has gone.
 - ``nearest_cache``: a store goes to the nodes the key's last store found.
 - ``socket_dir``: unix sockets in the supervisor's folder (``DEDLOC_SOCKET_DIR``).
@@ -50,7 +51,7 @@ it, both shown by probes in fresh interpreters, in ``tests/``:
     partial_rounds         test_robust (slow, none)   socket_dir             test_hivemind_ext_guard
     invite_gate            test_invite_swarm (slow)   optimizer_client_mode  test_hivemind_ext_guard
     helper_threads         test_helper_threads        fork_above_loop        test_loop_priority
-    verified_reduce        test_verified_reduce (slow)
+    verified_reduce        test_verified_reduce (slow) leave_drain           test_leave_drain (slow, root)
 
 "(none)": the without probe installs no extension at all; invite_gate's turns the gate off.
 """
@@ -93,6 +94,7 @@ ORDER: tuple[str, ...] = (
     "leader_poll",
     "optimizer_init",
     "replica_sockets",
+    "leave_drain",
     "dht_orphans",
     "nearest_cache",
     "socket_dir",
@@ -107,6 +109,7 @@ WRAPS: dict[str, str] = {
     "invite_gate": "robust_reduce",  # Matchmaking._request_join_group: the token check outside the ban check
     "fork_above_loop": "helper_threads",  # DHT.start, DecentralizedAverager.start: whichever start is there
     "verified_reduce": "partial_rounds",  # AllReduceRunner.run: the check sees only whole rounds
+    "leave_drain": "replica_sockets",  # DecentralizedAverager._shutdown: the drain before the handlers go
 }
 
 _installed: tuple[str, ...] | None = None

@@ -2,20 +2,18 @@
 
 Upstream: ``hivemind/averaging/allreduce.py``: ``AllReduceRunner.run`` and
 ``_communicate_with_peer`` (wrapped); ``hivemind/averaging/partition.py``:
-``TensorPartContainer.register_failed_reducer`` (wrapped). The reducer's half (a part whose
-sender vanished is answered with an error) sits in ``robust_reduce``'s
-``check_current_part_finished``, which replaces hivemind's whole.
+``TensorPartContainer.register_failed_reducer`` (wrapped).
 
-Without it: a reducer that lost a sender (killed, timed out) returns an average without it, and a
-peer that misses a reducer's results logs "received 54 % of input tensors" and goes on with its
-local values for those parts: the group's peers end the round with different tensors (in DiLoCo,
-two rounds merged). hivemind does not expect our own reducer to fail us: when it does (our own
-parts dropped for NaN by ``robust_reduce``), ``run`` waits for ever.
+Without it: a peer that misses a reducer's results (the reducer vanished or timed out) logs
+"received 54 % of results" and goes on with its local values for those parts: the group's peers
+end the round with different tensors (in DiLoCo, two rounds merged). hivemind does not expect our
+own reducer to fail us: when it does (our own parts dropped for NaN by ``robust_reduce``), ``run``
+waits for ever. (A reducer that lost a *sender* averages the others' parts and sends every peer
+the same average: that round goes on without the sender, as in hivemind.)
 
-Fix: the reducer answers its remaining parts with an error instead of a partial average, a peer
-that misses any reducer's results raises in ``AllReduceRunner.run`` before the next output, and
-every peer of the group keeps its local state. A peer whose own parts were dropped still reduces
-the others' parts to the end, then its own reducer counts as failed (it keeps its local values).
+Fix: a peer that misses any reducer's results raises in ``AllReduceRunner.run`` before the next
+output, and keeps its local state. A peer whose own parts were dropped still reduces the others'
+parts to the end, then its own reducer counts as failed (it keeps its local values).
 
 Kind: bug fix (belongs upstream; docs/hivemind/robust_reduce.patch)
 

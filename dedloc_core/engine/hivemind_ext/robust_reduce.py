@@ -23,10 +23,10 @@ reducer returns is not used: that reducer's parts count as failed (the round fai
 banned by the runner too). A peer that ``robust.banned`` (one dropped again and again, or caught
 lying, in any of this worker's averagers: ``engine/bans.py``) is neither accepted nor followed by
 ``Matchmaking``, its state is never downloaded and it gets none of ours. A reducer's part whose
-sender vanished (not dropped for its content) is answered with an error: ``partial_rounds`` says why.
+sender vanished or timed out is averaged without it, as hivemind does (``partial_rounds``).
 
-Kind: our policy (the partial-round answer in ``check_current_part_finished`` is the bug fix of
-``partial_rounds``: docs/hivemind/robust_reduce.patch)
+Kind: our policy (the idempotent ``on_sender_failed`` and the refused NaN average are bug fixes:
+docs/hivemind/robust_reduce.patch)
 
 Shown: ``tests/test_robust.py`` (slow: without it one NaN peer poisons every honest peer; with it the
 average is the honest one; centered clip holds against an amplified peer; a NaN reducer fails the
@@ -69,7 +69,8 @@ def install() -> None:
     def reset_accumulators(self) -> None:
         self.robust_parts = []  # (sender, part, weight) of the current part: aggregated once all are in
         if not hasattr(self, "dropped"):
-            self.dropped = set()  # senders left out for what they sent (NaN): not a partial round
+            self.dropped = set()  # senders left out for what they sent (NaN)
+            self.gone = set()  # senders left out since they left the round (logged once)
         original_reset(self)
 
     def on_sender_failed(self, sender_index: int) -> None:
@@ -108,16 +109,19 @@ def install() -> None:
     def check_current_part_finished(self) -> None:
         assert self.current_part_accumulated_from <= self.num_current_senders
         if self.current_part_accumulated_from == self.num_current_senders:
-            lost = [i for i, after in enumerate(self.sender_failed_after)
-                    if after <= self.current_part_index and i not in self.dropped]
-            if lost or not self.robust_parts:  # a sender vanished (its part is missing), or all were dropped
-                names = getattr(self, "sender_names", None)
-                who = ", ".join(f"...{names[i][-6:]}" if names else str(i) for i in lost)
+            if not self.robust_parts:  # every sender's part was dropped or lost
                 self.current_part_future.set_exception(partition.AllreduceException(
-                    f"partial all-reduce: {len(lost)} of {self.num_senders} senders lost ({who}); the round fails"
-                    if lost else "every sender's part was dropped: nothing to average"))
+                    "no sender's part reached this reducer: nothing to average"))
                 self.current_part_future.exception()  # retrieved: no "never retrieved" warning
             else:
+                # a sender gone from the round is left out: every peer still gets the same average
+                gone = [i for i, after in enumerate(self.sender_failed_after)
+                        if after <= self.current_part_index and i not in self.dropped and i not in self.gone]
+                if gone:
+                    self.gone.update(gone)
+                    names = getattr(self, "sender_names", None)
+                    log.info("Averaging part %d and on without %s: gone from the round", self.current_part_index,
+                             ", ".join(f"...{names[i][-6:]}" if names else str(i) for i in gone))
                 senders, parts, weights = zip(*self.robust_parts, strict=True)
                 result = robust.aggregate(list(parts), list(weights))
                 keep = getattr(self, "keep_part", None)  # verified_reduce: the claims it answers with
