@@ -9,14 +9,12 @@ members their averaged parts: hivemind sends a zero-share peer's results (the sl
 the load balancing gives no part to reduce) only after that peer's whole input has arrived. A peer
 that leaves cleanly right after its step (hivemind's ``Optimizer.shutdown`` tags along with a running
 round, then shuts the averagers down) removes its handlers and p2pd under those streams: the
-zero-share peers log "received 0.0% results" and, with ``partial_rounds``, fail the round. On
-shaped links (20-150 ms) that was every round that a member left after (``bench/scale_averaging.py``
-before its peers waited for the end).
+zero-share peers log "received 0.0% results" and, with ``partial_rounds``, fail the round.
 
 Fix: every ``rpc_aggregate_part`` stream is counted while it runs, per event loop (an averager's);
 ``_shutdown`` waits until none runs, and ``LINGER_SECONDS`` after the last one ended (at most
-``DRAIN_SECONDS`` in all), before it removes the handlers. Without the linger the drained streams'
-last bytes were lost in two of two lab runs.
+``DRAIN_SECONDS`` in all), before it removes the handlers: a stream's last bytes may still sit in
+p2pd's buffers and on the link when the handler returns.
 
 Kind: our policy (how long a leaving peer keeps serving the round it was in, which delays its exit)
 
