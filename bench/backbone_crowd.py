@@ -21,11 +21,12 @@ catalog's ``volunteer_dht`` is ``client``, so the backbone serves every record a
 - its state averager's "I can share my state" record (``{run_id}_state_averager.all_averagers``,
   unsigned, subkey its peer id): at each global step (the priority changes) and at half its 30 s
   lifetime (``hivemind_ext.state_records``);
-- its tracker's reads of the progress key at hivemind's refresh schedule (the time left to the step
+- its tracker's reads of the progress at hivemind's refresh schedule (the time left to the step
   x N / (N + drift), clipped to the catalog's 2..10 s), plus one at each step's end
-  (``RoundCountingOptimizer._look_at_the_swarm``);
-- the search a store does once per key per ``nearest_cache.NEAREST_TTL`` (30 s): a find of the key,
-  which the backbone answers with the whole record (every peer's entry).
+  (``RoundCountingOptimizer._look_at_the_swarm``): a request for the backbone's digest of the
+  record (``progress_digest``), as a volunteer's tracker makes it;
+- the search a store does once per key per ``nearest_cache.NEAREST_TTL`` (30 s): a find of the id
+  beside the key's, which the backbone answers with its nearest nodes and no record.
 
 Global steps last ``--step-seconds`` (20 s), all volunteers together (a synchronous swarm), each
 publishing 0-1 s after the step's end. How it differs from N real peers:
@@ -36,9 +37,8 @@ publishing 0-1 s after the step's end. How it differs from N real peers:
   bytes the backbone receives, checks and stores are a real volunteer's. The backbone sees a few
   connections and a few p2pd peers instead of N (N real volunteers would also each hold a libp2p
   connection, with its keep-alives and identify, and p2pd's own DHT traffic).
-- The reads and store searches go out as raw ``rpc_find`` requests (the backbone does the same
-  work; the generator skips parsing and checking N signatures per answer, which 2 cores could not do
-  for 500 volunteers).
+- The store searches go out as raw ``rpc_find`` requests and the reads as raw digest requests (the
+  backbone does the same work; the generator skips turning the answers back into records).
 - No averaging: matchmaking declarations and polls of the group key (per round, while a group forms)
   and the all-reduce traffic are ``bench/scale_averaging.py``'s; the state records carry no priority
   (None, as a peer that shares nothing stores), so the backbone, catching up with the simulated
@@ -133,11 +133,14 @@ def multi_key_signer(keys):
 class Counters:
     def __init__(self):
         self.stores = self.stored = self.store_failed = self.finds = self.find_failed = 0
+        self.reads = self.read_failed = 0
         self.find_seconds: list[float] = []
+        self.read_seconds: list[float] = []
 
 
 async def generate(args) -> None:
     """Run ``args.count`` volunteers (identities ``args.first``...) until SIGTERM; print counters."""
+    from google.protobuf.wrappers_pb2 import StringValue
     from hivemind.dht.crypto import RSASignatureValidator
     from hivemind.dht.node import DHTNode
     from hivemind.dht.routing import DHTID
@@ -145,7 +148,8 @@ async def generate(args) -> None:
     from hivemind.proto import dht_pb2
     from hivemind.utils import get_dht_time
 
-    from dedloc_core.engine import hivemind_ext, metrics
+    from dedloc_core.engine import hivemind_ext, metrics, progress_digest
+    from dedloc_core.engine.hivemind_ext.nearest_cache import beside_key
 
     hivemind_ext.install()
     keys = load_keys(Path(args.keys), args.first, args.count)
@@ -170,15 +174,27 @@ async def generate(args) -> None:
         except Exception:
             counts.store_failed += 1
 
-    async def find(key):
+    async def find(key):  # a store's search: it asks beside the key (hivemind_ext.nearest_cache)
         counts.finds += 1
-        request = dht_pb2.FindRequest(keys=[key_ids[key].to_bytes()], peer=node.protocol.node_info)
+        request = dht_pb2.FindRequest(keys=[beside_key(key_ids[key]).to_bytes()], peer=node.protocol.node_info)
         began = time.perf_counter()
         try:
             await node.protocol.get_stub(backbone).rpc_find(request, timeout=10.0)
             counts.find_seconds.append(time.perf_counter() - began)
         except Exception:
             counts.find_failed += 1
+
+    async def read(me):  # a tracker's read of the progress: the backbone's digest (progress_digest)
+        counts.reads += 1
+        request = StringValue(value=json.dumps({"me": progress_digest.subkey_hash(me)}))
+        began = time.perf_counter()
+        try:
+            call = node.p2p.call_protobuf_handler(backbone, progress_digest.DIGEST, request, StringValue)
+            answer = json.loads((await asyncio.wait_for(call, 10.0)).value)
+            counts.read_seconds.append(time.perf_counter() - began)
+            counts.read_failed += "error" in answer
+        except Exception:
+            counts.read_failed += 1
 
     def spawn(coro):
         task = asyncio.create_task(coro)
@@ -224,7 +240,7 @@ async def generate(args) -> None:
                 epoch = epoch_at(now - jitter)
                 spawn(store(progress_key, owner, progress(epoch, now), PROGRESS_LIFETIME))
                 spawn(store(state_key, peer_bytes, None, STATE_PERIOD))
-                spawn(find(progress_key))
+                spawn(read(owner))
                 due["progress"] = now + PROGRESS_PERIOD
                 due["state"] = now + STATE_PERIOD / 2
                 if now - last_metrics >= METRICS_GAP:
@@ -240,7 +256,7 @@ async def generate(args) -> None:
                 spawn(store(state_key, peer_bytes, None, STATE_PERIOD))
                 due["state"] = now + STATE_PERIOD / 2
             if now >= due["fetch"]:
-                spawn(find(progress_key))
+                spawn(read(owner))
                 due["fetch"] = now + refresh(now)
             for k, when in searches.items():
                 if now >= when:
@@ -259,10 +275,12 @@ async def generate(args) -> None:
     await asyncio.gather(*runners, return_exceptions=True)
     for task in list(tasks):
         task.cancel()
-    finds = sorted(counts.find_seconds)
+    finds, reads = sorted(counts.find_seconds), sorted(counts.read_seconds)
     print(json.dumps({"stores": counts.stores, "stored": counts.stored, "store_failed": counts.store_failed,
                       "finds": counts.finds, "find_failed": counts.find_failed,
-                      "find_p95_ms": 1000 * finds[int(0.95 * (len(finds) - 1))] if finds else None}), flush=True)
+                      "find_p95_ms": 1000 * finds[int(0.95 * (len(finds) - 1))] if finds else None,
+                      "reads": counts.reads, "read_failed": counts.read_failed,
+                      "read_p95_ms": 1000 * reads[int(0.95 * (len(reads) - 1))] if reads else None}), flush=True)
     await node.shutdown()
 
 
@@ -422,7 +440,8 @@ def start_generators(n: int, per_process: int, ready: dict, args, t0: float, key
 
 
 def stop_generators(procs: list[subprocess.Popen]) -> dict:
-    totals = {"stores": 0, "stored": 0, "store_failed": 0, "finds": 0, "find_failed": 0, "find_p95_ms": []}
+    counted = ("stores", "stored", "store_failed", "finds", "find_failed", "reads", "read_failed")
+    totals = {**{k: 0 for k in counted}, "find_p95_ms": [], "read_p95_ms": []}
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     for proc in procs:
@@ -434,11 +453,13 @@ def stop_generators(procs: list[subprocess.Popen]) -> dict:
         for line in out.splitlines():
             if line.startswith("{"):
                 data = json.loads(line)
-                for k in ("stores", "stored", "store_failed", "finds", "find_failed"):
+                for k in counted:
                     totals[k] += data[k]
-                if data["find_p95_ms"] is not None:
-                    totals["find_p95_ms"].append(data["find_p95_ms"])
-    totals["find_p95_ms"] = max(totals["find_p95_ms"], default=math.nan)
+                for k in ("find_p95_ms", "read_p95_ms"):
+                    if data[k] is not None:
+                        totals[k].append(data[k])
+    for k in ("find_p95_ms", "read_p95_ms"):
+        totals[k] = max(totals[k], default=math.nan)
     return totals
 
 
@@ -480,7 +501,7 @@ def measure(n: int, backbone: BackboneProcess, args, keys: Path, t0: float) -> d
             "dht_p95_ms": 1000 * percentile([s for s, _ in gets], 0.95),
             "entries": max((e for _, e in gets), default=0), **sent,
             "cores_by_process": by_process, "memory_by_process": memory,
-            "ops_per_s": (sent["stores"] + sent["finds"]) / (time.time() - started)}
+            "ops_per_s": (sent["stores"] + sent["finds"] + sent["reads"]) / (time.time() - started)}
 
 
 def main() -> None:
@@ -532,16 +553,17 @@ def main() -> None:
         backbone.stop()
     print()
     print("| volunteers | backbone cores | RSS MB | PSS MB | /swarm.json p50 / p95 ms | size kB | DHT get p50 / p95 ms "
-          "| entries | DHT ops/s | failed stores / finds |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| digest read p95 ms | entries | ops/s | failed stores / finds / reads |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['volunteers']} | {r['cores']:.3f} | {r['rss_mb']:.0f} | {r['pss_mb']:.0f} "
               f"| {r['http_p50_ms']:.0f} / {r['http_p95_ms']:.0f} | {r['swarm_json_kb']:.0f} "
-              f"| {r['dht_p50_ms']:.0f} / {r['dht_p95_ms']:.0f} | {r['entries']} | {r['ops_per_s']:.0f} "
-              f"| {r['store_failed']} / {r['find_failed']} |")
+              f"| {r['dht_p50_ms']:.0f} / {r['dht_p95_ms']:.0f} | {r['read_p95_ms']:.0f} | {r['entries']} "
+              f"| {r['ops_per_s']:.0f} | {r['store_failed']} / {r['find_failed']} / {r['read_failed']} |")
     print()
     for r in rows:
         print(f"backbone_crowd: volunteers {r['volunteers']}, cores {r['cores']:.3f}, rss {r['rss_mb']:.0f} MB, "
+              f"pss {r['pss_mb']:.0f} MB, "
               f"swarm.json p95 {r['http_p95_ms']:.0f} ms, dht get p95 {r['dht_p95_ms']:.0f} ms")
 
 

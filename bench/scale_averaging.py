@@ -5,7 +5,8 @@
 
 Per N, a bootstrap DHT node (as the backbone: it serves the DHT and averages nothing) and N peers,
 each its own process as a worker is: ``swarm.prepare_process()`` (our hivemind extensions, fork,
-fd sharing), a DHT joined through the bootstrap node, and a ``DecentralizedAverager`` configured as
+fd sharing), a DHT joined through the bootstrap node (``swarm.start_dht``; at most ``STARTING`` peers
+start at once), and a ``DecentralizedAverager`` configured as
 ``swarm.build_optimizer`` configures the gradient averager: fp16 compression, ``request_timeout``
 1 s, ``next_chunk_timeout`` ``swarm.chunk_timeout``, no target group size (hivemind.Optimizer's:
 one group of whoever matched), the catalog's default matchmaking time and averaging timeout, and the
@@ -52,6 +53,9 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 MATCHMAKING_TIME = 3.0  # the catalog's default (catalog/model.py, swarm.SwarmConfig)
 AVERAGING_TIMEOUT = 30.0
+# peers starting at once: 64 processes importing torch and hivemind together on two cores (load
+# average 88) made p2pd miss its bootstrap node for a minute and quit
+STARTING = 8
 
 BOOTSTRAP = """
 import sys, time, hivemind
@@ -80,9 +84,10 @@ i, n, size, out, go = a["index"], a["peers"], a["size"], Path(a["out"]), Path(a[
 def say(**kw):
     with out.open("a") as f:
         f.write(json.dumps(kw) + "\\n")
-dht = hivemind.DHT(start=True, host_maddrs=[f"/ip4/{a['ip']}/tcp/0"], initial_peers=[a["bootstrap"]])
 cfg = swarm.SwarmConfig(run_id="scale", target_batch_size=1, batch_size_per_step=1,
-                        matchmaking_time=a["matchmaking"], averaging_timeout=a["timeout"])
+                        matchmaking_time=a["matchmaking"], averaging_timeout=a["timeout"],
+                        initial_peers=[a["bootstrap"]], host_maddrs=[f"/ip4/{a['ip']}/tcp/0"])
+dht = swarm.start_dht(cfg)  # as a worker starts it: p2pd tries again if the bootstrap node is slow to answer
 averager = hivemind.averaging.DecentralizedAverager(
     [torch.zeros(size)], dht=dht, prefix="scale_grad_averager", target_group_size=None,
     min_matchmaking_time=cfg.matchmaking_time, request_timeout=1.0, next_chunk_timeout=swarm.chunk_timeout(cfg),
@@ -181,7 +186,20 @@ def run_n(n: int, args, lab_cls) -> dict:
         bootstrap = boot.stdout.readline().split()[0]
         began = time.monotonic()
         outs = []
+
+        def lines(out: Path) -> list[dict]:
+            return [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+
+        def stop_if_dead(slow: bool = False) -> None:
+            dead = [i for i, p in enumerate(procs[1:]) if p.poll() is not None]
+            if dead or slow:
+                tail = (work / f"peer{(dead or [0])[0]}.log").read_text()[-2000:]
+                raise SystemExit(f"peers {dead or 'slow'} did not start ({work}):\n{tail}")
+
         for i in range(n):
+            while i - sum(1 for o in outs if lines(o)) >= STARTING:  # at most STARTING peers starting at once
+                stop_if_dead()
+                time.sleep(0.2)
             out = work / f"peer{i}.jsonl"
             outs.append(out)
             peer_args = dict(index=i, peers=n, size=size, out=str(out), go=str(go), bootstrap=bootstrap,
@@ -198,15 +216,9 @@ def run_n(n: int, args, lab_cls) -> dict:
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             procs.append(proc)
 
-        def lines(out: Path) -> list[dict]:
-            return [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
-
         deadline = time.monotonic() + 60 + 10 * n
         while sum(1 for o in outs if lines(o)) < n:
-            dead = [i for i, p in enumerate(procs[1:]) if p.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                tail = (work / f"peer{(dead or [0])[0]}.log").read_text()[-2000:]
-                raise SystemExit(f"peers {dead or 'slow'} did not start ({work}):\n{tail}")
+            stop_if_dead(time.monotonic() > deadline)
             time.sleep(0.5)
         started = time.monotonic() - began
         rss, uss = tree_memory(procs)

@@ -420,20 +420,26 @@ from hivemind.dht.protocol import DHTProtocol
 from hivemind.utils import get_dht_time
 from dedloc_core.engine import hivemind_ext
 hivemind_ext.install(skip=() if sys.argv[1] == "all" else sys.argv[1].split(","))
-finds = mp.Value("i", 0)
+finds, valued = mp.Value("i", 0), mp.Value("i", 0)
 call_find = DHTProtocol.call_find
 async def counted(self, *args, **kwargs):
     with finds.get_lock():
         finds.value += 1
-    return await call_find(self, *args, **kwargs)
+    answer = await call_find(self, *args, **kwargs)
+    with valued.get_lock():  # answers that carried the record
+        valued.value += sum(found is not None for found, _ in (answer or {}).values())
+    return answer
 DHTProtocol.call_find = counted
 local = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
 first = hivemind.DHT(start=True, **local)
 nodes = [first] + [hivemind.DHT(start=True, initial_peers=first.get_visible_maddrs(), **local) for _ in range(3)]
 storer = nodes[1]
+stored_valued = 0  # answers to a store's searches that carried the record
 def store(value):
-    before = finds.value
+    global stored_valued
+    before, before_valued = finds.value, valued.value
     ok = storer.store("progress", value, get_dht_time() + 60)
+    stored_valued += valued.value - before_valued
     return ok, finds.value - before
 def seen(readers):
     return [reader.get("progress", latest=True).value for reader in readers]
@@ -445,26 +451,30 @@ nodes[3].shutdown()
 for value in range(3, 5):
     ok, sent = store(value)
     rows.append([ok, sent, seen(nodes[:3])])
-print(json.dumps(rows))
+print(json.dumps(dict(rows=rows, valued=stored_valued)))
 for node in nodes[:3]:
     node.shutdown()
 """
 
 
-def store_finds(mode: str) -> list:
+def store_finds(mode: str) -> dict:
     return probe_json(STORES, mode, timeout=180)
 
 
 def test_a_peer_stores_a_key_where_its_last_store_of_it_went_without_searching_again():
-    rows = store_finds("all")
+    out = store_finds("all")
+    rows = out["rows"]
     assert [ok for ok, _, _ in rows] == [True] * 5
     assert [values for _, _, values in rows] == [[0] * 4, [1] * 4, [2] * 4, [3] * 3, [4] * 3]  # every node has it
     sends = [sent for _, sent, _ in rows]
     assert sends[0] > 0 and sends[1] == sends[2] == 0, sends  # found once, then reused
     assert sends[3] == 0 and sends[4] > 0, sends  # the store that met the gone node drops it: the next searches
+    assert out["valued"] == 0  # its searches ask beside the key: no answer carries the record
 
 
 def test_without_the_patch_every_store_searches_the_dht_first():
-    rows = store_finds("nearest_cache")
+    out = store_finds("nearest_cache")
+    rows = out["rows"]
     assert [ok for ok, _, _ in rows] == [True] * 5
     assert all(sent > 0 for _, sent, _ in rows), rows
+    assert out["valued"] > 0  # and the nodes that hold the record send it with their answers

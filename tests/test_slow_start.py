@@ -48,3 +48,44 @@ def test_a_dht_whose_p2pd_is_slow_to_start_still_comes_up():
 
 def test_with_hiveminds_startup_timeout_it_fails():  # the test above is one that could fail
     assert run_probe(PROBE, "hivemind", timeout=180).splitlines()[-1] == "failed P2PDaemonError True"
+
+
+LATE_BACKBONE = """
+import socket, sys, tempfile, threading, time
+import hivemind
+from hivemind.p2p import P2P, PeerID
+from dedloc_core.engine import swarm
+swarm.prepare_process()
+with socket.socket() as s:  # a free port for the backbone that comes up late
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+identity = tempfile.mkdtemp() + "/backbone.key"
+P2P.generate_identity(identity)
+peer = PeerID.from_identity(open(identity, "rb").read()).to_base58()
+backbone = []
+def start_backbone():
+    time.sleep(3)
+    backbone.append(hivemind.DHT(start=True, host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"], identity_path=identity))
+threading.Thread(target=start_backbone, daemon=True).start()
+if sys.argv[1] == "once":
+    swarm.BOOTSTRAP_TRIES = 1
+cfg = swarm.SwarmConfig(run_id="late", target_batch_size=1, batch_size_per_step=1,
+                        initial_peers=[f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer}"])
+try:
+    dht = swarm.start_dht(cfg)
+    print("up", len(backbone))
+    dht.shutdown()
+except Exception as exc:
+    print("failed", type(exc).__name__, swarm.BOOTSTRAP_FAILED in str(exc))
+time.sleep(max(0, 4 - len(backbone)))
+for d in backbone:
+    d.shutdown()
+"""
+
+
+def test_a_worker_whose_backbone_is_not_up_yet_tries_again_and_joins():
+    assert run_probe(LATE_BACKBONE, "again", timeout=120).splitlines()[-1] == "up 1"
+
+
+def test_without_the_retries_it_fails_at_once():  # the test above is one that could fail
+    assert run_probe(LATE_BACKBONE, "once", timeout=120).splitlines()[-1] == "failed P2PDaemonError True"

@@ -20,6 +20,7 @@ The code is organized as follows:
 - ``invited``: a volunteer's token for an invite-only experiment: redeem, renew at half life.
 - ``bandwidth``: the shared token buckets that cap this peer's p2p traffic.
 - ``reachability``: direct, via relay or outbound only; the dial-back service.
+- ``progress_digest``: the backbone answers volunteers' reads of the swarm's progress in a few bytes a peer.
 - ``dht_fallback``: a volunteer that only uses the swarm's DHT serves it while no backbone answers.
 - ``metrics``: signed per-peer metrics in the DHT (the leaderboard's source).
 - ``limits``: priority, threads, GPU, bandwidth caps and the pause gate the worker applies to itself.

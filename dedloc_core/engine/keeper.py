@@ -23,7 +23,7 @@ import torch
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from . import bans, gate, member_relay, metrics, pacing, robust, swarm
+from . import bans, gate, member_relay, metrics, pacing, progress_digest, robust, swarm
 from .diloco import DilocoOptimizer
 from .reachability import serve_dialback
 from .recipes import load_recipe
@@ -63,6 +63,7 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
     if issuer is not None and not args.no_relay:
         member_relay.serve(dht)
     serve_dialback(dht)  # volunteers ask us whether we can reach them
+    progress_digest.serve(dht, exp.run_id)  # and read the swarm's progress from us
     subkey = metrics.add_validators(dht, exp.run_id)
     revocations = None
     if issuer is not None:

@@ -26,7 +26,7 @@ from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTrack
 from hivemind.utils import ValueWithExpiration, get_dht_time
 from hivemind.utils.logging import use_hivemind_log_handler
 
-from . import hivemind_ext, no_dynamo, prefetch
+from . import hivemind_ext, no_dynamo, prefetch, progress_digest
 
 no_dynamo.install()  # torch.optim's import of torch._dynamo: 1.3 s of CPU and 75 MiB, for two no-ops
 
@@ -221,6 +221,12 @@ def trim_heap() -> None:
 # workers starting at once on a third of a core take longer): the worker would crash with "Daemon
 # failed to start in 15.0 seconds" instead of joining late.
 P2PD_STARTUP_SECONDS = 90.0
+# p2pd quits at start when it reaches none of its initial peers in time ("failed to connect to
+# bootstrap peers"): a backbone busy with many newcomers, a network still coming up. A worker tries
+# again this many times, BOOTSTRAP_BACKOFF seconds apart (doubling), before it says the swarm is unreachable.
+BOOTSTRAP_TRIES = 3
+BOOTSTRAP_BACKOFF = 5.0
+BOOTSTRAP_FAILED = "failed to connect to bootstrap peers"
 
 
 def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
@@ -238,10 +244,25 @@ def start_dht(cfg: SwarmConfig, **extra) -> hivemind.DHT:
     if cfg.dht_client and cfg.initial_peers and not opts["client_mode"]:
         # p2pd's own (libp2p) DHT stays a server: it is how peers find each other's addresses
         opts.update(client_mode=True, dht_mode="server")
-    dht = hivemind.DHT(start=True, **opts)
+    dht = _start_with_retries(opts)
     dht.dedloc_serves_averaging = serves_averaging
     dht.dedloc_dht_client = serves_averaging and opts["client_mode"]  # serves the DHT if no backbone does
     return dht
+
+
+def _start_with_retries(opts: dict) -> hivemind.DHT:
+    from hivemind.p2p import P2PDaemonError
+
+    for attempt in range(BOOTSTRAP_TRIES):
+        try:
+            return hivemind.DHT(start=True, **opts)
+        except P2PDaemonError as exc:
+            if BOOTSTRAP_FAILED not in str(exc) or attempt == BOOTSTRAP_TRIES - 1:
+                raise
+            wait = BOOTSTRAP_BACKOFF * 2 ** attempt
+            logger.warning("p2pd reached none of the initial peers: trying again in %.0f s", wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
 
 
 def averaging_client_mode(dht: hivemind.DHT) -> bool:
@@ -271,6 +292,12 @@ def join_swarm(cfg: SwarmConfig, on_start=None) -> tuple[hivemind.DHT, str]:
             hint="The experiment's backbone may be down: try again later. A volunteer's address may "
                  "belong to a peer that does not serve the swarm's DHT: give a backbone's.") from exc
     except P2PDaemonError as exc:
+        if BOOTSTRAP_FAILED in str(exc):
+            raise WorkerError(
+                "None of the swarm's entry points could be reached (its initial peers: "
+                f"{', '.join(cfg.initial_peers)}).", title="Swarm unreachable", code="swarm_unreachable",
+                hint="The experiment's backbone may be down or overloaded, or this computer offline: "
+                     "try again later.") from exc
         if "already taken" not in str(exc):
             raise
         raise WorkerError(
@@ -314,6 +341,8 @@ def build_optimizer(dht: hivemind.DHT, cfg: SwarmConfig, model: torch.nn.Module,
             max_refresh_period=cfg.max_refresh_period,
             default_refresh_period=cfg.default_refresh_period,
             report_period=cfg.progress_report_period,
+            progress_from=progress_digest.backbone_ids(cfg.initial_peers),
+            progress_token=getattr(getattr(cfg.authorizer, "holder", None), "get", None),
         ),
         verbose=False,
     )
@@ -512,6 +541,15 @@ class _WithdrawableRecord:
             kwargs["value"] = None
         return self._dht.store(key, *args, **kwargs)
 
+    def get(self, key, *args, return_future: bool = False, **kwargs):
+        """The progress record from a backbone's digest (``progress_digest``) where there is one."""
+        tracker = self._tracker
+        if key != tracker.training_progress_key or not tracker.progress_from:
+            return self._dht.get(key, *args, return_future=return_future, **kwargs)
+        token = tracker.progress_token() if tracker.progress_token is not None else None
+        read = progress_digest.Read(key, tracker._local_public_key, tracker.progress_from, token)
+        return self._dht.run_coroutine(read, return_future=return_future)
+
     def __getattr__(self, name):
         return getattr(self._dht, name)
 
@@ -526,10 +564,13 @@ class SwarmTracker(ProgressTracker):
     _last_metadata = None  # the swarm's progress records as last read
     peers_in_step = 0  # of the peers counted, those at the swarm's step or one behind
 
-    def __init__(self, *args, report_period: float = 1.0, start: bool = True, group_waits=None, **kwargs):
+    def __init__(self, *args, report_period: float = 1.0, start: bool = True, group_waits=None,
+                 progress_from: list[str] = (), progress_token=None, **kwargs):
         super().__init__(*args, start=False, **kwargs)
         self.should_report_progress = _PacedEvent(report_period)
         self.group_waits = group_waits
+        # backbones' peer ids whose digest of the progress record we read, and our invite token's getter
+        self.progress_from, self.progress_token = list(progress_from), progress_token
         self.dht = _WithdrawableRecord(self.dht, self)
         if start:
             self.start()
@@ -725,7 +766,7 @@ class RoundCountingOptimizer(hivemind.Optimizer):
     def _look_at_the_swarm(self, timeout: float = 1.0) -> None:
         """Read the swarm's progress now (one DHT get) instead of at the tracker's next fetch."""
         tracker = self.tracker
-        future = self.dht.get(tracker.training_progress_key, latest=True, return_future=True)
+        future = tracker.dht.get(tracker.training_progress_key, latest=True, return_future=True)
         try:
             found = future.result(timeout)
         except Exception as exc:  # a slow or failed get: decide on the last look, as before

@@ -26,7 +26,7 @@ The code is organized as follows, in install order:
 - ``replica_sockets``: an averager shuts its P2P replica down (no socket file left).
 - ``leave_drain``: a leaving averager first sends the averages it still owes.
 - ``dht_orphans``: the DHT drops a request from a process that has gone.
-- ``nearest_cache``: a store goes to the nodes the key's last store found.
+- ``nearest_cache``: a store goes to the nodes the key's last store found; its search brings no record.
 - ``socket_dir``: unix sockets in the supervisor's folder (``DEDLOC_SOCKET_DIR``).
 - ``optimizer_client_mode``: an Optimizer's ``client_mode`` is the one it is given.
 - ``helper_threads``: a switch (off by default): the DHT, or all helpers, as threads.
