@@ -29,7 +29,7 @@ from hivemind.utils import ValueWithExpiration
 logger = logging.getLogger(__name__)
 
 DIGEST = "dedloc.progress_digest"
-CACHE_SECONDS = 0.5  # how stale an answer may be: peers publish every few seconds, and at once at a step
+CACHE_SECONDS = 0.1  # how stale an answer may be: a peer that steps publishes at once, and the others look
 TIMEOUT = 2.0  # seconds a volunteer waits for a backbone's answer before its own DHT get
 RETRY = 60.0  # seconds before a backbone that did not answer is asked again
 
