@@ -182,3 +182,11 @@ def test_the_digest_gives_hiveminds_parser_the_figures_of_the_whole_record():
     assert abs(got.next_fetch_time - expected.next_fetch_time) < 1e-3
     assert rebuilt.value[me].value["samples_accumulated"] == entries[me]["samples_accumulated"]
     assert len(answer["groups"]) <= 6  # three steps, two modes: the answer does not grow with the swarm
+
+
+def test_a_digest_that_counts_absurdly_many_peers_is_refused():
+    from dedloc_core.engine import progress_digest
+
+    answer = {"expiration": 1.0, "mine": None, "groups": [[3, False, 10**9, 0, 0.0, 0.0, 0.0]]}
+    with pytest.raises(ValueError, match="peers"):
+        progress_digest.metadata(answer, b"me")  # (Read then falls back to the DHT)

@@ -32,6 +32,7 @@ DIGEST = "dedloc.progress_digest"
 CACHE_SECONDS = 0.1  # how stale an answer may be: a peer that steps publishes at once, and the others look
 TIMEOUT = 2.0  # seconds a volunteer waits for a backbone's answer before its own DHT get
 RETRY = 60.0  # seconds before a backbone that did not answer is asked again
+MAX_PEERS = 100_000  # peers an answer may count: past it, it is broken and the DHT is read instead
 
 
 def subkey_hash(subkey) -> str:
@@ -187,6 +188,8 @@ def metadata(answer: dict, me) -> ValueWithExpiration | None:
     if answer.get("expiration") is None:
         return None
     expiration = float(answer["expiration"])
+    if sum(int(group[2]) for group in answer["groups"]) > MAX_PEERS:
+        raise ValueError(f"a digest that counts over {MAX_PEERS} peers")
     records: dict = {}
 
     def add(key, epoch, samples, sps, when, client):
