@@ -29,6 +29,16 @@ def probe_json(code: str, *args: str, timeout: float = 120):
     """The JSON a probe script prints last (``run_probe``)."""
     return json.loads(run_probe(code, *args, timeout=timeout).splitlines()[-1])
 
+def until(condition, what: str, timeout: float = 60.0, poll: float = 0.05) -> None:
+    """Wait for ``condition()`` in a probe; fail with ``what`` after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(poll)
+
+
 # a tracker that reads the swarm's progress every 0.2-0.5 s, so a probe sees a step at once
 FAST_TRACKER = dict(min_refresh_period=0.2, max_refresh_period=0.5, default_refresh_period=0.2)
 

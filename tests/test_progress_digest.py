@@ -14,7 +14,7 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils.crypto import RSAPrivateKey
 from dedloc_core.engine import hivemind_ext, progress_digest, swarm
-from tests.probes import FAST_TRACKER
+from tests.probes import FAST_TRACKER, until
 
 hivemind_ext.install()
 run = "digest_probe"
@@ -50,12 +50,6 @@ digest = [swarm.SwarmTracker(dht=dhts[i], private_key=RSAPrivateKey(), progress_
 plain = ProgressTracker(dht=dhts[2], private_key=RSAPrivateKey(), **kw)
 fallback = swarm.SwarmTracker(dht=dhts[3], private_key=RSAPrivateKey(), progress_from=stranger, **kw)
 trackers = digest + [plain, fallback]
-
-def until(condition, what):
-    deadline = time.monotonic() + 60
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 try:
     for step in range(1, 4):

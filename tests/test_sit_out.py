@@ -23,7 +23,7 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.mpfuture import MPFuture
 from dedloc_core.engine import swarm
-from tests.probes import FAST_TRACKER, two_dhts
+from tests.probes import FAST_TRACKER, two_dhts, until
 
 run_id = "sit_out_probe"
 first, other = two_dhts()
@@ -41,12 +41,6 @@ own_key = dict(private_key=RSAPrivateKey()) if sys.argv[1] in ("patched", "all-l
 swarm_peer = ProgressTracker(dht=other, prefix=run_id, target_batch_size=1000, start=True, **own_key)
 if own_key:  # (hivemind publishes a peer's progress once it has samples)
     swarm_peer.report_local_progress(local_epoch=0, samples_accumulated=1)
-
-def until(condition, what):
-    deadline = time.monotonic() + 60
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 model(torch.randn(4, 4)).sum().backward()
 opt.step()  # one micro-batch: 4 samples accumulated, far from the target

@@ -13,19 +13,13 @@ import json, time
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils.crypto import RSAPrivateKey
 from dedloc_core.engine import swarm
-from tests.probes import FAST_TRACKER, two_dhts
+from tests.probes import FAST_TRACKER, two_dhts, until
 
 first, other = two_dhts()
 ours = swarm.SwarmTracker(dht=first, prefix="withdraw_probe", target_batch_size=1000,
                           private_key=RSAPrivateKey(), start=True, **FAST_TRACKER)
 theirs = ProgressTracker(dht=other, prefix="withdraw_probe", target_batch_size=1000,
                          private_key=RSAPrivateKey(), start=True, **FAST_TRACKER)
-
-def until(condition, what):
-    deadline = time.monotonic() + 60
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 try:
     for tracker in (ours, theirs):  # (hivemind publishes a peer's progress once it has samples)
