@@ -138,7 +138,7 @@ def test_a_closed_experiments_backbone_gives_its_digest_to_token_holders_only():
     assert out["none"] == ["error"] and out["anothers"] == ["error"]
 
 
-def test_the_digest_gives_hiveminds_parser_the_figures_of_the_whole_record():
+def test_the_digest_gives_hiveminds_parser_the_figures_of_the_whole_record(monkeypatch):
     """Peers at three steps, some clients, reports of different ages: hivemind's tracker parses the
     digest's record into the figures it reads from the whole record (ETA and fetch time included)."""
     import random
@@ -167,6 +167,8 @@ def test_the_digest_gives_hiveminds_parser_the_figures_of_the_whole_record():
         target_batch_size=100_000, expected_drift_peers=3, expected_drift_rate=0.2, min_refresh_period=0.5,
         max_refresh_period=30.0, default_refresh_period=3.0, status_loglevel=0, prefix="p")
     whole = {k: ValueWithExpiration(v, now + 60) for k, v in entries.items()}
+    # the parser reads the clock itself: both parses must see the same instant
+    monkeypatch.setattr("hivemind.optim.progress_tracker.get_dht_time", lambda: now)
     expected = ProgressTracker._parse_swarm_progress_data(tracker, whole)
     got = ProgressTracker._parse_swarm_progress_data(tracker, rebuilt.value)
     assert (got.epoch, got.num_peers, got.num_clients, got.samples_accumulated) == \
