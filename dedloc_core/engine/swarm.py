@@ -756,6 +756,36 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         return (last is not None and last.triggered and not last.done()
                 and last.stage == AveragingStage.LOOKING_FOR_GROUP and self.tracker.peers_in_step <= 1)
 
+    PAUSED_WEIGHT = 1e-6  # a paused peer's parts in a round it was already grouped for: next to nothing
+
+    def leave_untriggered_rounds(self) -> None:
+        """Paused by its user, this peer takes no step until it resumes, and only a step's end
+        triggers its rounds: left alone, a round it scheduled for its next step joined a group and
+        waited there, and the group's all-reduce failed for want of its share of the reduction. A
+        round still looking for a group leaves now (the group forms without us); one already in its
+        group stays, for ``serve_grouped_rounds``."""
+        for name in ("scheduled_grads", "scheduled_state"):
+            control = getattr(self, name)
+            if control is not None and not control.triggered and not control.done() \
+                    and control.stage != AveragingStage.AWAITING_TRIGGER:
+                control.cancel()
+                setattr(self, name, None)
+
+    def serve_grouped_rounds(self) -> None:
+        """While paused: once the swarm's step ends (when the group's other members trigger theirs),
+        run a round that was already in its group, our parts at ``PAUSED_WEIGHT``: the group gets
+        our share of the reduction and our stale buffers count for nothing (not 0: a part whose
+        other senders all failed would be 0/0). Triggered earlier, our reducer gave up waiting for
+        the others' parts. The first step after the pause schedules new rounds."""
+        if not self.tracker.ready_to_update_epoch:
+            return
+        for name in ("scheduled_grads", "scheduled_state"):
+            control = getattr(self, name)
+            if control is not None and not control.triggered and not control.done():
+                control.weight = self.PAUSED_WEIGHT
+                control.allow_allreduce()
+                setattr(self, name, None)
+
     def _skip_step(self) -> None:
         """This peer takes no step now: no parameter round for it either."""
         if self.scheduled_state is not None and not self.scheduled_state.done():

@@ -395,7 +395,10 @@ class Session:
         withdraw = getattr(getattr(self.optimizer, "tracker", None), "withdraw", None)  # sync mode
         if withdraw is not None:
             withdraw(True)  # the others no longer count us among the peers
+            self.optimizer.leave_untriggered_rounds()  # and no group waits for our parts
         while self._should_hold():
+            if withdraw is not None:
+                self.optimizer.serve_grouped_rounds()
             self.control.stop.wait(0.05)
         if withdraw is not None:
             withdraw(False)
