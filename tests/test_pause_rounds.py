@@ -4,7 +4,8 @@ optimizers with delayed updates on loopback, the third the group's only reducer 
 bandwidth): it pauses as ``Session._pause`` does, once its round for the next step looks for a
 group, or once all three rounds are in one group; the other two then take two steps. Without the
 two methods its round joins or stays in the group untriggered, and the others' round fails for want
-of its reduction (``bench/scale.py``: one pause failed a round for 14 peers)."""
+of its reduction (``bench/scale.py``: one pause failed a round for 14 peers). ``no_rerun``'s rerun
+is off here: it would mend that round too, a matchmaking later."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ import torch
 from hivemind.averaging.control import AveragingStage
 from hivemind.utils.crypto import RSAPrivateKey
 from dedloc_core.engine import swarm
+from dedloc_core.engine.hivemind_ext import no_rerun
 from tests.probes import lone_optimizer, until
+
+no_rerun.grant_rerun = lambda: False  # the pause alone: a rerun among the others would mend their round later
 
 tracker_init = swarm.SwarmTracker.__init__  # trackers in one process share a key (one record): not here
 swarm.SwarmTracker.__init__ = lambda self, *a, **kw: tracker_init(self, *a, private_key=RSAPrivateKey(), **kw)

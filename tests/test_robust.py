@@ -159,9 +159,12 @@ PARTIAL = """
 import json, sys
 import torch, hivemind
 from hivemind.averaging import allreduce
-if sys.argv[1] in ("patched", "sender"):
+if sys.argv[1] in ("patched", "sender", "rerun", "rerun-off"):
     from dedloc_core.engine import hivemind_ext
     hivemind_ext.install()
+if sys.argv[1] == "rerun-off":
+    from dedloc_core.engine.hivemind_ext import no_rerun
+    no_rerun.grant_rerun = lambda: False
 first = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
 dhts = [first] + [hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                                initial_peers=[str(a) for a in first.get_visible_maddrs()]) for _ in range(2)]
@@ -194,7 +197,8 @@ averagers = [hivemind.averaging.DecentralizedAverager([v.clone()], dht=d, prefix
                                                       min_matchmaking_time=3.0, request_timeout=1.0,
                                                       next_chunk_timeout=10.0, bandwidth=b, start=True)
              for v, d, b in zip(values, dhts, bandwidths)]
-futures = [a.step(wait=False, timeout=30, allow_retries=False) for a in averagers]
+rerun = sys.argv[1].startswith("rerun")  # the honest peers' steps may retry, as the optimizer's do
+futures = [a.step(wait=False, timeout=30, allow_retries=rerun and a is not averagers[2]) for a in averagers]
 outcome, messages = [], []
 for f in futures[:2]:
     try:
@@ -235,6 +239,20 @@ def test_a_sender_gone_mid_round_is_averaged_without_and_the_round_goes_on():
     result = partial("sender")
     assert result["outcome"] == [3, 3], result  # with the victim's first parts, then without it
     assert result["held"][0] == result["held"][1] and set(result["held"][0]) <= {2.0, 1.5}, result
+
+
+@pytest.mark.slow
+def test_the_survivors_of_a_vanished_reducer_average_again_among_themselves():
+    result = partial("rerun")  # the victim's step does not retry, as a killed peer's could not
+    assert result["outcome"] == [2, 2], result
+    assert result["held"] == [[1.5], [1.5]], result  # one average, not each peer's own values
+
+
+@pytest.mark.slow
+def test_without_the_rerun_the_survivors_each_keep_their_own_values():
+    result = partial("rerun-off")
+    assert result["outcome"] == ["MatchmakingException", "MatchmakingException"], result
+    assert result["held"] == [[1.0], [2.0]], result
 
 
 @pytest.mark.slow

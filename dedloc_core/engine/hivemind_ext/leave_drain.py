@@ -9,7 +9,8 @@ members their averaged parts: hivemind sends a zero-share peer's results (the sl
 the load balancing gives no part to reduce) only after that peer's whole input has arrived. A peer
 that leaves cleanly right after its step (hivemind's ``Optimizer.shutdown`` tags along with a running
 round, then shuts the averagers down) removes its handlers and p2pd under those streams: the
-zero-share peers log "received 0.0% results" and, with ``partial_rounds``, fail the round.
+zero-share peers log "received 0.0% results" and, with ``partial_rounds``, fail the round (or,
+with ``no_rerun``, average again among themselves, a matchmaking later).
 
 Fix: every ``rpc_aggregate_part`` stream is counted while it runs, per event loop (an averager's);
 ``_shutdown`` waits until none runs, and ``LINGER_SECONDS`` after the last one ended (at most

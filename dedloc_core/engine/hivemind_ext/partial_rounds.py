@@ -12,7 +12,8 @@ waits for ever. (A reducer that lost a *sender* averages the others' parts and s
 the same average: that round goes on without the sender, as in hivemind.)
 
 Fix: a peer that misses any reducer's results raises in ``AllReduceRunner.run`` before the next
-output, and keeps its local state. A peer whose own parts were dropped still reduces the others'
+output, and keeps its local state (where the lost reducer is another peer, ``no_rerun`` runs
+the step once more among the survivors). A peer whose own parts were dropped still reduces the others'
 parts to the end, then its own reducer counts as failed (it keeps its local values).
 
 Kind: bug fix (belongs upstream; docs/hivemind/robust_reduce.patch)
@@ -22,6 +23,8 @@ a success without).
 """
 
 from __future__ import annotations
+
+from . import no_rerun
 
 REPLACES = [
     "hivemind.averaging.allreduce.AllReduceRunner.run",
@@ -61,8 +64,10 @@ def install() -> None:
         async for delta in run(self):  # each output comes once all its parts are in (averaged or failed)
             if container.failed_size:  # a reducer's parts are missing: a partial all-reduce is a failed round
                 names = getattr(container, "reducer_names", None)
-                missing = ", ".join(f"...{names[i][-6:]}" if names else str(i)
-                                    for i in getattr(container, "failed_reducers", ()))
+                failed = getattr(container, "failed_reducers", ())
+                missing = ", ".join(f"...{names[i][-6:]}" if names else str(i) for i in failed)
+                if failed and self.ordered_peer_ids.index(self.peer_id) not in failed:
+                    no_rerun.grant_rerun()  # another reducer is lost: the group's survivors all lost it
                 raise partition.AllreduceException(
                     f"partial all-reduce in {self._prefix}: {container.failed_size} of {container.total_size} "
                     f"values not averaged (no average from {missing})")
