@@ -54,7 +54,7 @@ for at in map(float, go.read_text().split()):  # a warm-up round (first dials), 
     with averager.get_tensors() as tensors:
         tensors[0].fill_(float(a["index"]))
     try:
-        group = averager.step(timeout=30)
+        group = averager.step(timeout=30, allow_retries=False)  # the round alone: no_rerun's rerun would mend it
         with averager.get_tensors() as tensors:
             mean = float(tensors[0].mean())
         result = {"ok": True, "group": len(group), "mean": mean}
@@ -74,16 +74,28 @@ else:
 LINKS = [(2.0, 10.0, 39), (9.7, 48.6, 57), (10.0, 50.0, 94), (40.0, 100.0, 20)]
 
 
-def round_with_a_leaver(lab, tmp_path: Path, drain: float) -> list[dict]:
+def round_with_a_leaver(lab, tmp_path: Path, drain: float, attempts: int = 3) -> list[dict]:
+    """Each peer's result of the round with a leaver. A round in which the four did not find one
+    group (on a loaded machine a starved peer can find none) shows nothing of the drain: it runs
+    again on fresh hosts, up to ``attempts`` times."""
+    for attempt in range(attempts):
+        results = one_round(lab, tmp_path / f"try{attempt}", drain, f"t{attempt}")
+        if results[-1].get("group") == len(LINKS):  # the leaver's group: all four
+            break
+    return results
+
+
+def one_round(lab, tmp_path: Path, drain: float, tag: str) -> list[dict]:
     from netlab.lab import Shape
 
-    boot_host = lab.public("boot")
+    tmp_path.mkdir()
+    boot_host = lab.public(f"boot{tag}")
     boot = lab.popen(boot_host, [sys.executable, "-c", BOOTSTRAP, boot_host.ip], cwd=ROOT, stdout=subprocess.PIPE,
                      text=True)
     bootstrap = boot.stdout.readline().split()[0]
     go, outs = tmp_path / "go", []
     for i, (up, down, delay) in enumerate(LINKS):
-        host = lab.public(f"p{i}", Shape(up_mbit=up, down_mbit=down, delay_ms=delay))
+        host = lab.public(f"p{i}{tag}", Shape(up_mbit=up, down_mbit=down, delay_ms=delay))
         out = tmp_path / f"peer{i}.out"
         outs.append(out)
         args = dict(index=i, ip=host.ip, bootstrap=bootstrap, bandwidth=up, out=str(out), go=str(go), drain=drain,
