@@ -20,7 +20,7 @@ The code is organized as follows, in install order:
 - ``invite_gate``: averagers of an invite-only experiment deal only with invited peers.
 - ``state_records``: the state-sharing record is renewed at half life, stored only when due.
 - ``step_cancel``: a cancelled step reads cancelled before the averager hears of it.
-- ``no_rerun``: a step whose all-reduce began is not retried.
+- ``no_rerun``: a step whose all-reduce began is not retried, but once among a lost reducer's survivors.
 - ``leader_poll``: matchmaking fetches a group's averagers at a pace.
 - ``optimizer_init``: the zero step that creates the optimizer's statistics counts no step.
 - ``replica_sockets``: an averager shuts its P2P replica down (no socket file left).
