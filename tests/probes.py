@@ -29,6 +29,7 @@ def probe_json(code: str, *args: str, timeout: float = 120):
     """The JSON a probe script prints last (``run_probe``)."""
     return json.loads(run_probe(code, *args, timeout=timeout).splitlines()[-1])
 
+
 def until(condition, what: str, timeout: float = 60.0, poll: float = 0.05) -> None:
     """Wait for ``condition()`` in a probe; fail with ``what`` after ``timeout`` seconds."""
     import time

@@ -1,6 +1,7 @@
 """A round that ran is not run again, except once among the survivors of a lost reducer.
 
-Upstream: ``hivemind/averaging/control.py``, ``StepControl.allow_retries`` (a property, wrapped);
+Upstream: ``hivemind/averaging/control.py``, ``StepControl.allow_retries`` (a property, wrapped)
+and ``StepControl.deadline`` (its ``_deadline`` cut for a rerun);
 its reader is ``DecentralizedAverager._step`` (``averaging/averager.py``, wrapped to know its
 step), whose retry loop this relies on line by line.
 
@@ -33,6 +34,7 @@ import contextvars
 
 REPLACES = [
     "hivemind.averaging.control.StepControl.allow_retries",
+    "hivemind.averaging.control.StepControl.deadline",  # reads _deadline, which grant_rerun cuts
     "hivemind.averaging.averager.DecentralizedAverager._step",
 ]
 
