@@ -1,7 +1,7 @@
 """Averaging without training: how rounds fare as the swarm grows (root for shaped links, Linux).
 
     PYTHONPATH=. .venv/bin/python bench/scale_averaging.py [--peers 8,16,32,64] [--rounds 5]
-        [--size-mb 2] [--loopback] [--quick]
+        [--size-mb 2] [--matchmaking 3] [--plain] [--loopback] [--quick]
 
 Per N, a bootstrap DHT node (as the backbone: it serves the DHT and averages nothing) and N peers,
 each its own process as a worker is: ``swarm.prepare_process()`` (our hivemind extensions, fork,
@@ -9,7 +9,9 @@ fd sharing), a DHT joined through the bootstrap node (``swarm.start_dht``; at mo
 start at once), and a ``DecentralizedAverager`` configured as
 ``swarm.build_optimizer`` configures the gradient averager: fp16 compression, ``request_timeout``
 1 s, ``next_chunk_timeout`` ``swarm.chunk_timeout``, no target group size (hivemind.Optimizer's:
-one group of whoever matched), the catalog's default matchmaking time and averaging timeout, and the
+one group of whoever matched), the catalog's default matchmaking time and averaging timeout, a
+search as long as a worker's gradient round makes in a swarm of N (``swarm.matchmaking_window``:
+the group closes that long after the round begins; ``--plain``: hivemind's, the matchmaking time), and the
 declared bandwidth (the peer's uplink, Mbit/s) that our LP (``engine/load_balancing.py``) splits
 the vector by. The averaged tensor holds ``--size-mb`` MB of float32 values, different per peer
 and round: peer i's is ``noise_r * s_i + s_i`` with ``s_i = (i + 1) / N`` and ``noise_r`` random
@@ -72,6 +74,7 @@ import json, sys, time, traceback
 from pathlib import Path
 import torch, hivemind
 from hivemind.compression import Float16Compression
+from hivemind.utils import get_dht_time
 from dedloc_core.engine import swarm
 a = json.loads(sys.argv[1])
 swarm.prepare_process()
@@ -107,7 +110,9 @@ while done < a["rounds"] - 1:
     time.sleep(max(0.0, start - time.time()))
     began = time.perf_counter()
     try:
-        gathered = averager.step(gather=i, timeout=cfg.averaging_timeout)
+        lead = a["window"]  # as a worker's gradient round in a swarm of n (swarm.matchmaking_window)
+        gathered = averager.step(gather=i, scheduled_time=get_dht_time() + lead,
+                                 timeout=cfg.averaging_timeout + lead - cfg.matchmaking_time)
         took = time.perf_counter() - began
         members = sorted(gathered.values())
         m = sum((j + 1) / n for j in members) / len(members)
@@ -167,6 +172,12 @@ def lp_split(groups: list[tuple[int, ...]], bandwidths: list[float], size: int) 
 
 def run_n(n: int, args, lab_cls) -> dict:
     size = int(args.size_mb * 2**20 / 4)
+    window = args.matchmaking
+    if not args.plain:
+        from dedloc_core.engine.swarm import matchmaking_window
+
+        window = matchmaking_window(n, args.matchmaking, AVERAGING_TIMEOUT)
+    print(f"  N={n}: rounds look for their group {window:.1f} s", flush=True)
     work = Path(tempfile.mkdtemp(prefix=f"scale{n}-"))
     go = work / "go"
     shapes = [shape(i) for i in range(n)]
@@ -203,8 +214,8 @@ def run_n(n: int, args, lab_cls) -> dict:
             out = work / f"peer{i}.jsonl"
             outs.append(out)
             peer_args = dict(index=i, peers=n, size=size, out=str(out), go=str(go), bootstrap=bootstrap,
-                             bandwidth=bandwidths[i], matchmaking=MATCHMAKING_TIME, timeout=AVERAGING_TIMEOUT,
-                             rounds=args.rounds + 1, ip="127.0.0.1", debug=args.debug)
+                             bandwidth=bandwidths[i], matchmaking=args.matchmaking, timeout=AVERAGING_TIMEOUT,
+                             rounds=args.rounds + 1, ip="127.0.0.1", debug=args.debug, window=window)
             log = (work / f"peer{i}.log").open("w")
             if lab:
                 host = lab.public(f"p{i}", shapes[i])
@@ -282,6 +293,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--size-mb", type=float, default=2.0, help="float32 MB averaged per peer")
     ap.add_argument("--loopback", action="store_true", help="no network lab: all peers on 127.0.0.1")
+    ap.add_argument("--matchmaking", type=float, default=MATCHMAKING_TIME, help="min matchmaking time, s")
+    ap.add_argument("--plain", action="store_true",
+                    help="hivemind's search (the matchmaking time), not swarm.matchmaking_window's")
     ap.add_argument("--debug", action="store_true", help="peers log hivemind's averaging at DEBUG")
     ap.add_argument("--quick", action="store_true", help="4 and 8 peers, 2 rounds, 0.5 MB")
     args = ap.parse_args()
@@ -298,7 +312,7 @@ def main() -> None:
         lab_cls = Lab
     where = "loopback" if args.loopback else "shaped links (10-100 Mbit/s down, 1/5 up, 20-150 ms)"
     print(f"averaging only, {args.size_mb} MB float32 per peer (fp16 on the wire), {where}, "
-          f"matchmaking {MATCHMAKING_TIME} s, timeout {AVERAGING_TIMEOUT} s, {args.rounds} rounds", flush=True)
+          f"matchmaking {args.matchmaking} s, timeout {AVERAGING_TIMEOUT} s, {args.rounds} rounds", flush=True)
     rows = []
     for n in (int(x) for x in args.peers.split(",")):
         rows.append(summarize(run_n(n, args, lab_cls)))

@@ -48,7 +48,7 @@ def lone_optimizer(run_id: str, model: torch.nn.Module, *, lr: float, overlap: b
                    batch_size_per_step: int = 4, **fields):
     """A lone peer's optimizer as the worker builds it (``swarm.build_optimizer``, AdamW at ``lr``)
     on a fresh DHT: ``(dht, optimizer)``. ``fields``: more of its ``SwarmConfig`` (``initial_peers``:
-    a peer that joins those)."""
+    a peer that joins those; matchmaking 0.5 s and a 5 s timeout unless given)."""
     import torch
 
     from dedloc_core.engine import swarm
@@ -63,7 +63,7 @@ def lone_optimizer(run_id: str, model: torch.nn.Module, *, lr: float, overlap: b
     swarm.prepare_process()
     cfg = swarm.SwarmConfig(run_id=run_id, target_batch_size=target_batch_size,
                             batch_size_per_step=batch_size_per_step, overlap=overlap,
-                            matchmaking_time=0.5, averaging_timeout=5.0, **fields)
+                            **{"matchmaking_time": 0.5, "averaging_timeout": 5.0, **fields})
     dht = swarm.start_dht(cfg)
     return dht, swarm.build_optimizer(dht, cfg, model, Recipe)
 

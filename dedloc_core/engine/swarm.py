@@ -361,6 +361,21 @@ def chunk_timeout(cfg: SwarmConfig) -> float:
     return max(cfg.matchmaking_time, min(cfg.averaging_timeout / 3, 5.0))
 
 
+MATCHMAKING_PER_PEER = 0.125  # seconds a gradient round looks for its group, per peer in the swarm
+MATCHMAKING_MOST = 15.0  # hivemind's advice for many peers over the Internet: 10-15 s
+
+
+def matchmaking_window(peers: int, matchmaking_time: float, averaging_timeout: float) -> float:
+    """How long before the swarm's step ends a gradient round begins to look for its group. hivemind
+    begins ``matchmaking_time`` before, and every round's leader closes its group at the step's end.
+    With many peers that is too short for the chains of join requests to reach one leader: 64 peers
+    with 3 s (``bench/scale_averaging.py``) split into groups of 2 to 23 and half the rounds left a
+    peer with no group; with 8 s one to four groups formed and every round averaged. The group still
+    closes at the step's end, so a longer search costs the swarm no time. At most a third of the
+    averaging timeout, which the search is part of."""
+    return max(matchmaking_time, min(MATCHMAKING_PER_PEER * peers, MATCHMAKING_MOST, averaging_timeout / 3))
+
+
 def overlap_options(cfg: SwarmConfig) -> dict:
     """hivemind.Optimizer's options for DeDLOC's delayed updates (``cfg.overlap``), or its defaults."""
     if not cfg.overlap:
@@ -656,11 +671,23 @@ class RoundCountingOptimizer(hivemind.Optimizer):
         among peers already ending this step, who then sent their parts to a peer that could not take
         them yet (BAD_GROUP_ID: it registers a group only when its own step ends, after the last
         round), and the round failed for all of them (seen in ``bench/swarm_netlab.py``'s logs). So
-        no new round while the last one runs; the step's end begins one (``_begin_averaging_gradients``)."""
+        no new round while the last one runs; the step's end begins one (``_begin_averaging_gradients``).
+        In a large swarm the round begins to look ``matchmaking_window`` before the step's end."""
         last = self.scheduled_grads
         if last is not None and last.triggered and not last.done() or self._sitting_out is not None:
             return  # (nor while sitting a step out: this peer's next round is for the swarm's next step)
-        super()._maybe_schedule_gradient_averaging()
+        window = matchmaking_window(self.tracker.global_progress.num_peers, self.matchmaking_time,
+                                    self.averaging_timeout)
+        if window <= self.matchmaking_time:
+            return super()._maybe_schedule_gradient_averaging()
+        eta = self.tracker.estimated_next_update_time - get_dht_time()
+        if eta <= window and (last is None or last.triggered or last.done()):
+            # hivemind's own scheduling, begun earlier: the round still closes its group at the
+            # step's end, and keeps the time after it that hivemind's round has
+            lead = max(eta, self.matchmaking_time)
+            self.scheduled_grads = self.grad_averager.schedule_step(
+                scheduled_time=get_dht_time() + lead,
+                timeout=self.averaging_timeout + lead - self.matchmaking_time)
 
     def _maybe_schedule_state_averaging(self) -> None:
         if self._sitting_out is None:  # the parameter round of a step sat out is not ours to join
