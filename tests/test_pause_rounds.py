@@ -72,6 +72,9 @@ until(paused.is_set, "the three were never in one group", timeout=120)
 before = [(peers[i][1].rounds_joined, peers[i][1].rounds_failed) for i in (0, 1)]
 start = peers[0][1].local_epoch
 until(lambda: min(peers[i][1].local_epoch for i in (0, 1)) >= start + 2, "the two left took no 2 steps", timeout=120)
+# a delayed round ends after its step: wait until each of the two has one ended, or one failed
+until(lambda: all(peers[i][1].rounds_joined + peers[i][1].rounds_failed > before[j][0] + before[j][1]
+                  for j, i in enumerate((0, 1))), "the two ended no round", timeout=120)
 stop.set()
 print(json.dumps({"joined": [peers[i][1].rounds_joined - before[j][0] for j, i in enumerate((0, 1))],
                   "failed": [peers[i][1].rounds_failed - before[j][1] for j, i in enumerate((0, 1))]}))
