@@ -1,7 +1,7 @@
 """A gradient round in a large swarm looks for its group longer before the step ends
 (``swarm.matchmaking_window``), and still closes its group at the step's end. Its effect at scale
-(64 peers: one to four groups, every round averaged, against groups of 2 to 23 and a peer left
-alone in half the rounds) is measured by ``bench/scale_averaging.py``, not here."""
+(64 peers: one to four groups and 8 of 9 rounds averaged, against groups of 2 to 23 and a peer
+left alone in half the rounds) is measured by ``bench/scale_averaging.py``, not here."""
 
 from __future__ import annotations
 

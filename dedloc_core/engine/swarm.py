@@ -370,7 +370,7 @@ def matchmaking_window(peers: int, matchmaking_time: float, averaging_timeout: f
     begins ``matchmaking_time`` before, and every round's leader closes its group at the step's end.
     With many peers that is too short for the chains of join requests to reach one leader: 64 peers
     with 3 s (``bench/scale_averaging.py``) split into groups of 2 to 23 and half the rounds left a
-    peer with no group; with 8 s one to four groups formed and every round averaged. The group still
+    peer with no group; with 8 s one to four groups formed and 8 of 9 rounds averaged. The group still
     closes at the step's end, so a longer search costs the swarm no time. At most a third of the
     averaging timeout, which the search is part of."""
     return max(matchmaking_time, min(MATCHMAKING_PER_PEER * peers, MATCHMAKING_MOST, averaging_timeout / 3))
