@@ -25,7 +25,7 @@ peers, leads, stop = [], [], threading.Event()
 for i in range(2):
     model = torch.nn.Linear(64, 64)
     fields = dict(initial_peers=[str(m) for m in peers[0][0].get_visible_maddrs()]) if peers else {}
-    dht, opt = lone_optimizer("window", model, lr=0.01, overlap=False, target_batch_size=800,
+    dht, opt = lone_optimizer("window", model, lr=0.01, overlap=True, target_batch_size=800,
                               averaging_timeout=30.0, **fields)
     schedule = opt.grad_averager.schedule_step
     def timed(*args, _schedule=schedule, **kwargs):
