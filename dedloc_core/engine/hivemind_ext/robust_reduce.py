@@ -1,37 +1,37 @@
 """Robust aggregation: a reducer drops non-finite parts, may clip, and banned peers are shunned.
 
 Upstream: ``hivemind/averaging/partition.py``: ``TensorPartReducer.accumulate_part`` and
-``check_current_part_finished`` (replaced whole), ``reset_accumulators`` and
-``on_sender_failed`` (wrapped), ``TensorPartContainer.register_processed_part`` (wrapped);
-``hivemind/averaging/allreduce.py``: ``AllReduceRunner.__init__`` (wrapped: peer names for the
-log); ``hivemind/averaging/matchmaking.py``: ``Matchmaking._check_reasons_to_reject`` and
+``check_current_part_finished`` (replaced whole), ``reset_accumulators`` and ``on_sender_failed``
+(wrapped), ``TensorPartContainer.register_processed_part`` (wrapped);
+``hivemind/averaging/allreduce.py``: ``AllReduceRunner.__init__`` (wrapped: peer names for the log);
+``hivemind/averaging/matchmaking.py``: ``Matchmaking._check_reasons_to_reject`` and
 ``_request_join_group`` (wrapped); ``hivemind/averaging/averager.py``:
 ``DecentralizedAverager.rpc_download_state`` (wrapped) and ``get_stub`` (``ServicerBase``'s, wrapped
 for averagers: a banned peer's stub answers ``rpc_download_state`` with nothing, which
 ``_load_state_from_peers`` takes as "no state there, try the next peer").
 
 Without it: ``TensorPartReducer`` adds every sender's part to a weighted mean, NaN and all: one
-broken or hostile peer poisons every peer's step. A reducer that returns an average with NaN or
-inf has it added to every peer's tensors. A peer caught by one averager process goes on averaging
-with the others, and serves its state to newcomers.
+broken or hostile peer poisons every peer's step. A reducer's NaN or inf average is added to every
+peer's tensors. A peer caught by one averager goes on averaging with the others and serving its
+state. Every sender's handler awaits a part's one future: a handler cancelled as its sender left
+cancels it for all, and the reducer's own step waits for ever, holding its tensors.
 
-Fix: ``accumulate_part`` drops a non-finite part (that sender leaves this round, named in the log,
-with a strike, see ``engine/robust.py``) and, with ``robust.configure("centered_clip")``, keeps
-the parts and returns their centered clip instead of the mean. An average with NaN or inf that a
-reducer returns is not used: that reducer's parts count as failed (the round fails,
-``partial_rounds``) and it gets a strike. ``on_sender_failed`` is idempotent (a dropped sender is
-banned by the runner too). A peer that ``robust.banned`` (one dropped again and again, or caught
-lying, in any of this worker's averagers: ``engine/bans.py``) is neither accepted nor followed by
-``Matchmaking``, its state is never downloaded and it gets none of ours. A reducer's part whose
-sender vanished or timed out is averaged without it, as hivemind does (``partial_rounds``).
+Fix: ``accumulate_part`` awaits the part's future shielded, and drops a non-finite part (that sender
+leaves this round, named in the log, with a strike, see ``engine/robust.py``) and, with
+``robust.configure("centered_clip")``, keeps the parts and returns their centered clip instead of
+the mean. An average with NaN or inf that a reducer returns is not used: that reducer's parts count
+as failed (the round fails, ``partial_rounds``) and it gets a strike. ``on_sender_failed`` is
+idempotent (a dropped sender is banned by the runner too). A peer that ``robust.banned`` (one
+dropped again and again, or caught lying, in any of this worker's averagers: ``engine/bans.py``) is
+neither accepted nor followed by ``Matchmaking``, its state is never downloaded and it gets none of
+ours. A part whose sender left is averaged without it, as hivemind does (``partial_rounds``).
 
-Kind: our policy (the idempotent ``on_sender_failed`` and the refused NaN average are bug fixes:
-docs/hivemind/robust_reduce.patch)
+Kind: our policy; bug fixes (docs/hivemind/robust_reduce.patch): the shield, the idempotent
+``on_sender_failed``, the refused NaN average.
 
-Shown: ``tests/test_robust.py`` (slow: without it one NaN peer poisons every honest peer; with it the
-average is the honest one; centered clip holds against an amplified peer; a NaN reducer fails the
-round instead); ``tests/test_bans.py`` (slow: a peer banned by one averager is refused by the other's
-matchmaking and state download).
+Shown (slow): ``tests/test_robust.py`` (one NaN peer poisons all without it; centered clip holds
+against an amplified peer; a NaN reducer fails the round), ``tests/test_shared_average.py`` (a
+sender leaves waiting), ``tests/test_bans.py`` (one averager's ban holds in the other's).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def install() -> None:
             self.current_part_accumulated_from += 1
             self.denominator += weight
             self.check_current_part_finished()
-        return await current_part_future
+        return await asyncio.shield(current_part_future)  # shared: a leaving sender must not cancel it
 
     def check_current_part_finished(self) -> None:
         assert self.current_part_accumulated_from <= self.num_current_senders
