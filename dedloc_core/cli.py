@@ -15,6 +15,7 @@ _DELEGATED = {
     "app": "app.main",
     "self-test": "dedloc_core.engine.selftest",
     "catalog-child": "dedloc_core.catalog.child",
+    "data": "dedloc_core.organizer.dataprep",
 }
 
 
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("backbone", help="the organizer's headless node")
     sub.add_parser("self-test", help="check this installation: hardware, a DHT on 127.0.0.1, a few training steps")
     sub.add_parser("stats", help="this computer's contribution totals (today, this week, all time)")
+    sub.add_parser("data", help="prepare an organizer's data: tokenizer, token shards, held-out shard")
     catalog_cli.register(sub)
     invite_cli.register(sub)
     args = parser.parse_args(argv)

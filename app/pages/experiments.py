@@ -21,6 +21,8 @@ from PySide6.QtWidgets import (
 )
 
 from dedloc_core.catalog import Experiment, LoadResult
+from dedloc_core.catalog.declared import fit
+from dedloc_core.catalog.recipes import DECLARED, validate_params
 from dedloc_core.errors import user_message
 from dedloc_core.protocol import Progress
 
@@ -145,9 +147,11 @@ class ExperimentsPage(QWidget):
 
     def _describe(self, exp: Experiment, is_joined: bool) -> str:
         hw = self.controller.hardware
-        m = exp.hardware
+        m = exp.needs()
+        gpu = f", an NVIDIA GPU with {m.gpu_memory_gb:g} GB" if m.gpu_memory_gb else ", an NVIDIA GPU"
         needs = f"{m.ram_gb:g} GB RAM, {m.cpu_cores} CPU cores, {m.disk_gb:g} GB disk" + (
-            ", an NVIDIA GPU" if m.gpu_required else "")
+            gpu if m.gpu_required else "")
+        model = model_size(exp)
         if hw is None:
             fit = "Checking this computer…"
         else:
@@ -160,6 +164,7 @@ class ExperimentsPage(QWidget):
             f" &nbsp; <b>Recipe:</b> {escape(exp.recipe)} &nbsp; <b>Mode:</b> {escape(mode_name(exp))}</p>",
             f"<p>{escape(exp.description)}</p>",
             f"<p><b>Needs:</b> {escape(needs)}<br>{escape(fit)}</p>",
+            *([f"<p><b>Model:</b> {escape(model)}</p>"] if model else []),
         ]
         if exp.needs_token:
             rows.append("<p><b>Invite only.</b> Join asks for the invite code its organizer gave you.</p>")
@@ -198,7 +203,7 @@ class ExperimentsPage(QWidget):
         if exp is None:
             return
         hw = self.controller.hardware
-        lacks = hw.unmet(exp.hardware) if hw else []
+        lacks = hw.unmet(exp.needs()) if hw else []
         if lacks and QMessageBox.question(
                 self, "Join anyway?", f"This computer lacks {'; '.join(lacks)}. Join {exp.title} anyway?"
         ) != QMessageBox.StandardButton.Yes:
@@ -225,6 +230,14 @@ CONNECTION = {
     "relay lost": ("relay lost (the backbone's relay dropped this computer; it still contributes over the "
                    "connections it opens, but other volunteers cannot reach it)"),
 }
+
+
+def model_size(exp: Experiment) -> str:
+    """A declared model's size and what it needs (``declared.fit``); empty for the built-in recipes."""
+    if exp.recipe not in DECLARED:
+        return ""
+    params = validate_params(exp.recipe, exp.recipe_params)
+    return f"{params.config.__class__.__name__.removesuffix('Config')}: " + fit(params, exp.batch_size_per_step).text()
 
 
 def mode_name(exp: Experiment) -> str:

@@ -23,7 +23,8 @@ from dedloc_core import environ
 from dedloc_core.errors import CatalogError, RecipeError
 from dedloc_core.schema import problem
 
-from .recipes import RECIPE_NAMES, validate_params
+from .declared import check_fits, fit
+from .recipes import DECLARED, RECIPE_NAMES, validate_params
 from .shards import Shard
 
 __all__ = [
@@ -177,6 +178,9 @@ class DataSource(_Model, kw_only=True):
 
     base_url: Annotated[str, Meta(max_length=2048)] | None = None
     shards: Annotated[list[Shard], Meta(min_length=1, max_length=10_000)]
+    # a declared model's (causal-lm, masked-lm): its tokenizer.json and a held-out token shard
+    tokenizer: Shard | None = None
+    eval: Shard | None = None
     # An invite-only experiment's backbone serves its shards to members only (a token in each
     # request) unless this says they are public; an open experiment's data is public either way
     public: bool = False
@@ -188,6 +192,9 @@ class DataSource(_Model, kw_only=True):
                 msgspec.structs.force_setattr(self, "base_url", self.base_url + "/")
         for i, shard in enumerate(self.shards):
             _check_url(shard.url, f"shards[{i}].url", relative_ok=True)
+        for name in ("tokenizer", "eval"):
+            if getattr(self, name) is not None:
+                _check_url(getattr(self, name).url, f"{name}.url", relative_ok=True)
 
 class DilocoParams(_Model):
     """DiLoCo training (``mode: diloco``): ``inner_steps`` local optimizer steps (H), then the swarm
@@ -255,6 +262,18 @@ class Experiment(_Model, kw_only=True):
     clip_radius: Annotated[float, Meta(gt=0.0, le=100.0)] = 1.0  # tau, in median distances from the median
     clip_iterations: Annotated[int, Meta(ge=1, le=20)] = 3
 
+    def needs(self) -> HardwareMinimums:
+        """The organizer's minimums, raised to what a declared model needs (``declared.fit``): a
+        model too large or slow for a CPU needs a GPU with the memory its training takes."""
+        if self.recipe not in DECLARED:
+            return self.hardware
+        f = fit(validate_params(self.recipe, self.recipe_params), self.batch_size_per_step)
+        hw = self.hardware
+        if not f.gpu_required:
+            return msgspec.structs.replace(hw, ram_gb=max(hw.ram_gb, round(f.memory_gb + 1.0, 1)))
+        return msgspec.structs.replace(hw, gpu_required=True,
+                                       gpu_memory_gb=max(hw.gpu_memory_gb or 0.0, f.gpu_memory_gb or 0.0))
+
     def __post_init__(self) -> None:
         # the most specific problems first: unsafe names, then an unknown recipe, then values
         _check_name(self.id, _SLUG, "id", "id")
@@ -267,7 +286,7 @@ class Experiment(_Model, kw_only=True):
         for i, peer in enumerate(self.initial_peers):
             _check_multiaddr(peer, f"initial_peers[{i}]")
         try:
-            validate_params(self.recipe, self.recipe_params)
+            typed = validate_params(self.recipe, self.recipe_params)
         except RecipeError as exc:
             cause = exc.__cause__
             if isinstance(cause, msgspec.ValidationError):
@@ -275,6 +294,11 @@ class Experiment(_Model, kw_only=True):
                 raise _fail("invalid_value" if _BOUND.match(reason) else "invalid",
                             f"recipe_params.{where}" if where else "recipe_params", reason) from None
             raise _fail("invalid", "recipe_params", exc.message) from None
+        if self.recipe in DECLARED:
+            try:
+                check_fits(typed, self.batch_size_per_step)
+            except ValueError as exc:
+                raise _fail("invalid_value", "recipe_params", str(exc)) from None
         if (self.invite_key or self.invite_url) and not self.needs_token:
             raise _fail("invalid", "needs_token",
                         "invite_key and invite_url belong to an invite-only experiment (needs_token)")

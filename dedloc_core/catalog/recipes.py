@@ -1,7 +1,8 @@
 """The built-in recipes as the catalog sees them: their names and parameter schemas (no torch).
 
 The recipes themselves (model, data, loss) are in ``dedloc_core.engine.recipes``, which reads its
-parameters from here.
+parameters from here. ``causal-lm`` and ``masked-lm`` build a declared transformers model
+(``declared``); ``tiny-lm`` and ``albert-mlm`` are our own, on bytes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from msgspec import Meta
 
 from dedloc_core.errors import RecipeError
 from dedloc_core.schema import describe
+
+from .declared import FAMILIES, CausalLMParams, MaskedLMParams
 
 
 class _Params(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -47,10 +50,13 @@ class AlbertMLMParams(_Params):
     warmup_steps: Annotated[int, Meta(ge=0, le=1_000_000)] = 10
 
 
-PARAMS_BY_RECIPE: dict[str, type[_Params]] = {
+PARAMS_BY_RECIPE: dict[str, Any] = {
     "tiny-lm": TinyLMParams,
     "albert-mlm": AlbertMLMParams,
+    "causal-lm": CausalLMParams,
+    "masked-lm": MaskedLMParams,
 }
+DECLARED = frozenset({"causal-lm", "masked-lm"})
 RECIPE_NAMES: frozenset[str] = frozenset(PARAMS_BY_RECIPE)
 
 
@@ -59,6 +65,10 @@ def validate_params(name: str, params: dict[str, Any]):
     ``__cause__`` is then the ``msgspec.ValidationError``). Numbers given as text are accepted."""
     if name not in PARAMS_BY_RECIPE:
         raise RecipeError(f"Unknown recipe {name!r}; this app knows {sorted(RECIPE_NAMES)}.")
+    family = params.get("family") if isinstance(params, dict) else None
+    if name in DECLARED and isinstance(family, str) and family not in FAMILIES[name]:
+        raise RecipeError(f"Unknown model family {family[:40]!r} for recipe {name!r}; this app builds "
+                          f"{', '.join(FAMILIES[name])} (a newer app may build more).")
     try:
         return msgspec.convert(params, PARAMS_BY_RECIPE[name], strict=False)
     except msgspec.ValidationError as exc:

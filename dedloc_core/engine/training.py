@@ -107,7 +107,8 @@ class Session:
         exp = self.experiment
         if self._shards is None:
             self._state("preparing", f"Fetching data for {exp.title}")
-            self._shards = fetch_in_background(exp.data.shards, self.start.data_base_url or exp.data.base_url,
+            files = [*exp.data.shards, *([exp.data.tokenizer] if exp.data.tokenizer else [])]
+            self._shards = fetch_in_background(files, self.start.data_base_url or exp.data.base_url,
                                                invited.data_token(exp, self._identity_path()))
         return self._shards.result()
 
@@ -125,7 +126,10 @@ class Session:
     def _build_model(self, shard_paths: list) -> None:
         """The recipe, its model (on the GPU if the limits allow it) and the batches over our shards."""
         exp = self.experiment
-        self.recipe = load_recipe(exp.recipe, exp.recipe_params)
+        tokenizer = None
+        if exp.data.tokenizer:  # fetched after the shards (_fetch_data)
+            shard_paths, tokenizer = shard_paths[:-1], shard_paths[-1]
+        self.recipe = load_recipe(exp.recipe, exp.recipe_params, tokenizer)
         self.model = self.recipe.build_model(seed=0)
         if limits.gpu_wanted(self.limits):  # the device is chosen once; use_gpu=False later pauses
             self.model.to("cuda")

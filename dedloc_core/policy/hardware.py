@@ -43,8 +43,12 @@ class Hardware:
             lacks.append(f"{minimums.cpu_cores} CPU cores (this computer has {self.threads})")
         if self.disk_free_gb < minimums.disk_gb:
             lacks.append(f"{minimums.disk_gb:g} GB free disk (this computer has {self.disk_free_gb:.1f} GB)")
+        need = minimums.gpu_memory_gb
         if minimums.gpu_required and not self.gpus:
-            lacks.append("an NVIDIA GPU")
+            lacks.append(f"an NVIDIA GPU with {need:g} GB" if need else "an NVIDIA GPU")
+        elif minimums.gpu_required and need and max(g.memory_mb for g in self.gpus) / 1024 + 0.25 < need:
+            most = max(g.memory_mb for g in self.gpus) / 1024
+            lacks.append(f"a GPU with {need:g} GB (this computer's has {most:.1f} GB)")
         return lacks
 
 
