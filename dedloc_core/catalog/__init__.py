@@ -2,7 +2,8 @@
 
 **The catalog never carries code.** An experiment names one of the recipes that ship with the app
 (``recipes.RECIPE_NAMES``) and gives it parameters, which are validated against that
-recipe's schema; nothing in a catalog is ever imported, evaluated or executed.
+recipe's schema (a declared transformers model's family and config included); nothing in a
+catalog is ever imported, evaluated or executed.
 
 A signed catalog is a JSON envelope around the catalog text::
 
@@ -30,6 +31,7 @@ The code is organized as follows:
 - ``model``: the schema (experiments, data sources, hardware minimums; msgspec Structs),
   ``validate_catalog`` and ``catalog_json``.
 - ``recipes``: the built-in recipes' names and parameter schemas (the engine builds the recipes).
+- ``declared``: declared transformers models: families, config checks, exact sizes and ``fit``.
 - ``shards``: the data shard model (URL, sha256, size) and ``resolve_url``.
 - ``signing``: organizer keys (``cryptography``, imported only where keys are used), ``sign_catalog``,
   ``verify_catalog``.

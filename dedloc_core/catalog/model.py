@@ -196,6 +196,10 @@ class DataSource(_Model, kw_only=True):
             if getattr(self, name) is not None:
                 _check_url(getattr(self, name).url, f"{name}.url", relative_ok=True)
 
+    def files(self) -> list[Shard]:
+        """What a volunteer fetches: the shards, then the tokenizer if there is one."""
+        return [*self.shards, *([self.tokenizer] if self.tokenizer else [])]
+
 class DilocoParams(_Model):
     """DiLoCo training (``mode: diloco``): ``inner_steps`` local optimizer steps (H), then the swarm
     averages the deltas from the last synced model, compressed by ``compression``, and an outer

@@ -25,8 +25,9 @@ The code is organized as follows:
 - ``metrics``: signed per-peer metrics in the DHT (the leaderboard's source).
 - ``limits``: priority, threads, GPU, bandwidth caps and the pause gate the worker applies to itself.
 - ``shard_cache``: the bounded, verified download cache of data shards.
-- ``recipes``: the built-in models, data pipelines, losses and evaluations.
+- ``recipes``: the built-in models, data pipelines, losses and evaluations (and declared transformers models).
 - ``keeper``: the backbone's engine half (follows the swarm's state, writes checkpoints).
+- ``evaluation``: the backbone's loss on held-out data every few global steps (the curve's second line).
 - ``member_relay``: the backbone's circuit relay in an invite-only experiment: for members only.
 - ``selftest``: ``dedloc --self-test``, the installation check (drives a worker).
 

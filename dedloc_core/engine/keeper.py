@@ -25,6 +25,7 @@ from hivemind.utils import get_dht_time
 
 from . import bans, gate, member_relay, metrics, pacing, progress_digest, robust, swarm
 from .diloco import DilocoOptimizer
+from .evaluation import Evaluator
 from .reachability import serve_dialback
 from .recipes import load_recipe
 from .training import kill_children
@@ -82,6 +83,8 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
     logger.info("Backbone up (%s mode): %s", exp.mode, " ".join(maddrs))
     last_saved = opt.local_epoch
     next_record = 0.0
+    evaluator = Evaluator(exp, recipe, model, every=args.eval_every, batches=args.eval_batches,
+                          data_dir=args.data_dir, base_url=http_url, cache=run_dir / "eval-cache")
     try:
         while not stop.wait(args.poll):
             if own_token is not None:
@@ -93,6 +96,10 @@ def keep(exp, args, run_dir: Path, http_url: str | None, *, stop: threading.Even
             if opt.local_epoch >= last_saved + args.checkpoint_every:
                 checkpoint.save(model, keeper)
                 last_saved = opt.local_epoch
+            if evaluator.due(opt.local_epoch):  # the step of the state the model holds
+                loss = evaluator.run(opt.local_epoch)
+                if loss is not None:
+                    recorder.record_eval(opt.local_epoch, loss)
             if time.monotonic() >= next_record:
                 recorder.record(keeper.step(), keeper.num_peers(), metrics.fetch(dht, exp.run_id))
                 next_record = time.monotonic() + RECORD_PERIOD

@@ -107,8 +107,7 @@ class Session:
         exp = self.experiment
         if self._shards is None:
             self._state("preparing", f"Fetching data for {exp.title}")
-            files = [*exp.data.shards, *([exp.data.tokenizer] if exp.data.tokenizer else [])]
-            self._shards = fetch_in_background(files, self.start.data_base_url or exp.data.base_url,
+            self._shards = fetch_in_background(exp.data.files(), self.start.data_base_url or exp.data.base_url,
                                                invited.data_token(exp, self._identity_path()))
         return self._shards.result()
 
@@ -126,9 +125,8 @@ class Session:
     def _build_model(self, shard_paths: list) -> None:
         """The recipe, its model (on the GPU if the limits allow it) and the batches over our shards."""
         exp = self.experiment
-        tokenizer = None
-        if exp.data.tokenizer:  # fetched after the shards (_fetch_data)
-            shard_paths, tokenizer = shard_paths[:-1], shard_paths[-1]
+        n = len(exp.data.shards)  # the tokenizer, if any, comes after the shards (DataSource.files)
+        shard_paths, tokenizer = shard_paths[:n], (shard_paths[n] if len(shard_paths) > n else None)
         self.recipe = load_recipe(exp.recipe, exp.recipe_params, tokenizer)
         self.model = self.recipe.build_model(seed=0)
         if limits.gpu_wanted(self.limits):  # the device is chosen once; use_gpu=False later pauses

@@ -70,7 +70,7 @@ def run(control: Control, channel: EventChannel) -> int:
         # write a new identity; hivemind must still treat it as new (no check that it is free)
         identity = command.identity_path or str(paths.data_dir() / "identity.key")  # as Session's
         new_identity = not os.path.isfile(identity)
-        shards = fetch_in_background(experiment.data.shards, command.data_base_url or experiment.data.base_url,
+        shards = fetch_in_background(experiment.data.files(), command.data_base_url or experiment.data.base_url,
                                      invited.data_token(experiment, identity))
         from .training import Session  # imports torch and hivemind (seconds) while the data comes
 

@@ -12,7 +12,8 @@ The code is organized as follows:
 - ``invites``: the invites of an invite-only experiment (SQLite store, hashed codes) and the
   issuer of tokens behind the backbone's ``/invite/redeem`` and ``/invite/renew``.
 - ``invite_cli``: ``dedloc invite keygen|create|list|revoke|redeem``.
-- ``demo``: ``dedloc demo``, a backbone and volunteer workers on loopback.
+- ``demo``: ``dedloc demo``, a backbone and volunteer workers on loopback (or an organizer's own catalog).
+- ``dataprep``: ``dedloc data prepare``: a folder of text to a tokenizer, token shards and a catalog entry.
 
 Light at import: the standard library and the light rooms.
 """

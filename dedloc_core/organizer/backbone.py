@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "and the data travel unencrypted, anyone on the way can read or change them")
     p.add_argument("--data-dir", type=Path, default=None, help="served at /data/ (default: the shipped corpus)")
     p.add_argument("--checkpoint-every", type=int, default=5, help="global steps between checkpoints")
+    p.add_argument("--eval-every", type=int, default=5,
+                   help="global steps between evaluations of the model on the held-out data (0: never)")
+    p.add_argument("--eval-batches", type=int, default=4, help="batches of 16 sequences per evaluation")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between checks of the swarm")
     p.add_argument("--follow-every", type=float, default=30.0,
                    help="sync mode: at least this many seconds between loads of the swarm's state "
@@ -232,6 +235,14 @@ class Recorder:
         self.contrib = run_dir / "contributions.csv"
         self.last_step = -1
         self.seen: dict[str, tuple[int, int]] = {}
+
+    def record_eval(self, step: int, loss: float) -> None:
+        """The backbone's own evaluation of the swarm's model at ``step`` on the held-out data."""
+        entry = {"time": time.time(), "step": step, "eval_loss": round(loss, 5)}
+        with self.curve.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+        if self.view is not None:
+            self.view.add_point(entry)
 
     def record(self, step: int, num_peers: int, peers) -> None:
         now = time.time()

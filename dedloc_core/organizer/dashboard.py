@@ -38,6 +38,7 @@ h1{font-size:28px;margin:0 0 4px}h2{font-size:17px;margin:0 0 12px}
 svg{width:100%;height:auto;display:block}svg text{fill:var(--mute);font-size:12px}
 .grid{stroke:var(--line)}.axis{stroke:#9aa3ad}.curve{fill:none;stroke:var(--acc);stroke-width:2}
 .dot{fill:var(--acc)}.title{font-size:13px;fill:var(--ink)!important}
+.curve.eval{stroke:var(--warn);stroke-dasharray:6 4}.dot.eval{fill:var(--warn)}
 table{width:100%;border-collapse:collapse;font-variant-numeric:tabular-nums}
 th,td{text-align:left;padding:7px 8px;border-bottom:1px solid var(--line)}
 th{color:var(--mute);font-weight:500;font-size:13px}
@@ -84,14 +85,22 @@ function ticks(lo, hi, count, integer) {
   return out;
 }
 
+function series(points, key) {
+  return points.filter((p) => typeof p[key] === "number" && isFinite(p[key])).map((p) => ({step: p.step, v: p[key]}));
+}
+
 function drawCurve(points) {
-  const box = $("curve"), pts = points.filter((p) => typeof p.loss === "number" && isFinite(p.loss));
+  const box = $("curve"), train = series(points, "loss"), held = series(points, "eval_loss");
+  const pts = train.concat(held);
   box.replaceChildren();
   box.style.display = pts.length ? "" : "none";
   $("curve-empty").hidden = pts.length > 0;
+  const last = held[held.length - 1];
+  $("eval-note").textContent = last ? `Held-out loss ${num(last.v, 3)} at step ${num(last.step, 0)} ` +
+    `(perplexity ${num(Math.exp(last.v), 1)}), measured by the backbone.` : "";
   if (!pts.length) return;
   const W = 900, H = 300, L = 64, R = 20, T = 14, B = 50;
-  const steps = pts.map((p) => p.step), losses = pts.map((p) => p.loss);
+  const steps = pts.map((p) => p.step), losses = pts.map((p) => p.v);
   let x0 = Math.min(...steps), x1 = Math.max(...steps), y0 = Math.min(...losses), y1 = Math.max(...losses);
   if (x0 === x1) { x0 = Math.max(0, x0 - 1); x1 += 1; }
   const margin = (y1 - y0) * 0.08 || Math.abs(y0) * 0.1 || 1;
@@ -111,10 +120,16 @@ function drawCurve(points) {
   box.append(svg("text", {x: L + (W - L - R) / 2, y: H - 8, "text-anchor": "middle", class: "title"}, "global step"));
   box.append(svg("text", {x: 16, y: T + (H - T - B) / 2, "text-anchor": "middle", class: "title",
                           transform: `rotate(-90 16 ${T + (H - T - B) / 2})`}, "loss"));
-  const d = pts.map((p, i) => (i ? "L" : "M") + X(p.step) + " " + Y(p.loss)).join(" ");
-  box.append(svg("path", {d, class: "curve"}));
-  if (pts.length > 60) return;
-  for (const p of pts) box.append(svg("circle", {cx: X(p.step), cy: Y(p.loss), r: 3, class: "dot"}));
+  for (const [line, cls, label] of [[train, "", "training (volunteers' batches)"], [held, " eval", "held-out"]]) {
+    if (!line.length) continue;
+    const d = line.map((p, i) => (i ? "L" : "M") + X(p.step) + " " + Y(p.v)).join(" ");
+    box.append(svg("path", {d, class: "curve" + cls}));
+    const end = line[line.length - 1];
+    box.append(svg("text", {x: X(end.step) - 6, y: Y(end.v) - 8, "text-anchor": "end", class: "title"}, label));
+    if (line.length <= 60) {
+      for (const p of line) box.append(svg("circle", {cx: X(p.step), cy: Y(p.v), r: 3, class: "dot" + cls}));
+    }
+  }
 }
 
 function drawBoard(board) {
@@ -191,7 +206,8 @@ style-src 'unsafe-inline'; script-src '{{script_hash}}'; base-uri 'none'; form-a
 <p id="updated">loading swarm status…</p>
 <section class="card"><h2>Learning curve</h2>
 <svg id="curve" role="img" aria-label="loss against global step"></svg>
-<p id="curve-empty" class="empty">No learning curve yet: it appears after the first global step.</p></section>
+<p id="curve-empty" class="empty">No learning curve yet: it appears after the first global step.</p>
+<p id="eval-note" class="small"></p></section>
 <section class="card"><h2>Leaderboard</h2>
 <table><thead><tr><th class="n">#</th><th>Volunteer</th><th class="n">Samples</th>
 <th class="n">Compute time</th><th>Status</th></tr></thead><tbody id="board"></tbody></table>

@@ -29,6 +29,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="global steps to train (default 20)")
     p.add_argument("--peers", type=int, default=2, help="number of volunteer workers (default 2)")
     p.add_argument("--experiment", default="tiny-lm-demo")
+    p.add_argument("--catalog", type=Path, default=None,
+                   help="an organizer's signed catalog to try the experiment from (default: the shipped one)")
+    p.add_argument("--trusted-key", type=Path, action="append", default=[],
+                   help="the public key that signed --catalog (repeatable)")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="the experiment's data, served by the backbone at /data/ (dedloc data prepare's --out)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
     p.add_argument("--dir", type=Path, default=None, help="keep logs and state here (default: a temp dir)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
@@ -91,16 +97,24 @@ class Demo:
                 self.recorder.close()
 
     def _experiment(self) -> dict:
-        from dedloc_core.catalog import CatalogStore
+        from dedloc_core.catalog import CatalogStore, load_trusted_keys, verify_catalog
 
-        result = CatalogStore(self.root / "catalog" / "last_good.json").load_default()
-        exp = result.catalog.get(self.args.experiment) if result.catalog else None
+        if self.args.catalog:  # an organizer trying their experiment before they publish it
+            keys = {**load_trusted_keys(), **load_trusted_keys(self.args.trusted_key)}
+            catalog = verify_catalog(self.args.catalog.read_bytes(), keys)
+        else:
+            catalog = CatalogStore(self.root / "catalog" / "last_good.json").load_default().catalog
+        exp = catalog.get(self.args.experiment) if catalog else None
         if exp is None:
             raise DedlocError(f"No experiment {self.args.experiment!r} in the catalog.", title="Demo")
         return msgspec.to_builtins(exp)
 
     def _start_backbone(self) -> dict:
-        self.backbone = BackboneProcess(["--experiment", self.args.experiment], self.root / "backbone",
+        extra = ["--follow-every", "5",  # loopback: load the swarm's state often, for the held-out curve
+                 *(["--catalog", str(self.args.catalog)] if self.args.catalog else []),
+                 *(a for key in self.args.trusted_key for a in ("--trusted-key", str(key))),
+                 *(["--data-dir", str(self.args.data_dir)] if self.args.data_dir else [])]
+        self.backbone = BackboneProcess(["--experiment", self.args.experiment, *extra], self.root / "backbone",
                                         self.root / "backbone.log",
                                         env={**os.environ, environ.HOME.name: str(self.root / "backbone-home")})
         return self.backbone.start(timeout=120)

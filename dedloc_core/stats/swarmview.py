@@ -48,6 +48,7 @@ class CurvePoint(_Doc):
     loss: float | None = None
     samples_per_second: Annotated[float, Meta(ge=0.0)] = 0.0
     num_peers: Annotated[int, Meta(ge=0)] = 0
+    eval_loss: float | None = None  # the backbone's model on the held-out data (a point of its own)
 
 
 class Contributor(_Doc, kw_only=True):
