@@ -644,3 +644,23 @@ def test_the_window_in_its_own_process_mirrors_the_tray_and_sends_commands(qtbot
     qtbot.waitUntil(lambda: bool(done), timeout=60000)
     app.bridge.shutdown()
     app.tray.hide()
+
+
+def test_a_declared_model_shows_its_size_and_the_gpu_it_needs(make_app, qtbot, tmp_path, corpus_server, monkeypatch):
+    """sahajBERT's ALBERT-large, 4 x 512 tokens a micro-batch: the page says what the model needs
+    (declared.fit), and that this GPU-less computer lacks it, though the organizer asked for no GPU."""
+    from conftest import serve_signed_catalog, tiny_experiment
+
+    config = dict(vocab_size=32000, embedding_size=128, hidden_size=1024, num_hidden_layers=24,
+                  num_attention_heads=16, intermediate_size=4096, max_position_embeddings=512)
+    exp = tiny_experiment(id="sahajbert", title="sahajBERT", run_id="sahajbert", recipe="masked-lm",
+                          recipe_params={"family": "albert", "seq_len": 512, "config": config},
+                          batch_size_per_step=4, target_batch_size=4096)
+    serve_signed_catalog(corpus_server, tmp_path, monkeypatch, [exp])
+    app = make_app()
+    page = app.window.show_page("Experiments")
+    page.list.setCurrentRow(0)
+    qtbot.waitUntil(lambda: "sahajBERT" in page.details.text(), timeout=10000)
+    text = page.details.text()
+    assert "Albert: 17.1 M parameters" in text and "needs a GPU with 10 GB" in text, text
+    assert "an NVIDIA GPU with 10 GB" in text and "lacks" in text, text

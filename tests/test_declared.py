@@ -5,6 +5,7 @@ trains it on token shards; bad declarations and bad shards get clear errors."""
 from __future__ import annotations
 
 import copy
+import json
 
 import msgspec
 import numpy as np
@@ -200,3 +201,43 @@ def test_bad_shards_and_tokenizers_get_clear_errors(tmp_path):
     small.save(str(tmp_path / "small.json"))
     with pytest.raises(RecipeError, match=r"lacks \[PAD\], \[CLS\], \[SEP\], \[MASK\]"):
         load_recipe("masked-lm", {"family": "bert", "seq_len": 32, "config": TINY["bert"]}, tmp_path / "small.json")
+
+
+@pytest.mark.parametrize("declared_params,needle", [
+    ({"family": "mamba", "seq_len": 32, "config": {}}, "Unknown model family 'mamba'"),
+    ({"family": "llama", "seq_len": 2048, "config": dict(vocab_size=50000, hidden_size=8192, intermediate_size=28672,
+                                                          num_hidden_layers=80, num_attention_heads=64,
+                                                          max_position_embeddings=4096)}, "fits no volunteer's GPU"),
+])
+def test_a_bad_declaration_keeps_the_last_good_catalog_and_says_why(tmp_path, declared_params, needle):
+    from datetime import timedelta
+
+    from test_catalog import NOW, catalog_dict, experiment, key_id, signed
+
+    from dedloc_core.catalog import CatalogStore, generate_keypair, load_private_key
+
+    pem, _ = generate_keypair("pw")
+    key = load_private_key(pem, "pw")
+    keys = {key_id(key.public_key()): key.public_key()}
+    store = CatalogStore(tmp_path / "last.json", shipped=False)
+    good = signed(catalog_dict(), key)
+    assert store.accept(good, keys, now=NOW).error is None
+    bad = signed_unchecked(catalog_dict(experiment(recipe="causal-lm", recipe_params=declared_params),
+                                        issued=NOW + timedelta(hours=1)), key)
+    result = store.accept(bad, keys, now=NOW + timedelta(hours=2))
+    assert result.error is not None and needle in result.error.message, result.error
+    assert result.from_last_good and result.catalog.experiments[0].recipe == "tiny-lm"
+    assert store.path.read_bytes() == good
+
+
+def signed_unchecked(cat: dict, key) -> bytes:
+    """An envelope signed without this app's checks: what a newer app (which knows more families)
+    or an organizer's own tool may publish."""
+    import base64
+
+    from test_catalog import key_id
+
+    payload = json.dumps(cat)
+    signature = base64.b64encode(key.sign(payload.encode())).decode()
+    return json.dumps({"format": "dedloc-catalog/1", "key_id": key_id(key.public_key()), "signature": signature,
+                       "payload": payload}).encode()
