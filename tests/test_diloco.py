@@ -256,7 +256,7 @@ def test_the_backbone_follows_the_outer_model_without_joining_rounds(spawn_worke
             return [json.loads(line) for line in curve_file.read_text().splitlines()] if curve_file.exists() else []
 
         wait_until(peers, lambda: any(e["step"] >= 2 for e in curve()), 60, "the learning curve did not reach round 2")
-        assert max(e["num_peers"] for e in curve()) == 2
+        assert max(e.get("num_peers", 0) for e in curve()) == 2  # (the backbone's evaluations have none)
         # everyone leaves; once their round records expired, a newcomer resumes from the backbone's round
         for p in peers:
             p.worker.stop(timeout=15)

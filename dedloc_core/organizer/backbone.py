@@ -8,8 +8,9 @@ the learning curve and per-peer contributions that peers publish in the DHT, and
 catalog and the data shards over HTTPS (``--tls-cert``, ``--tls-key``; plain HTTP only on loopback or
 with ``--insecure-http``). On restart it resumes from its last checkpoint.
 
-Files in ``--run-dir``: ``identity.key``, ``checkpoint.pt``, ``learning_curve.jsonl``,
-``contributions.csv`` and ``ready.json`` (addresses, written once the node is up). ``/swarm.json``
+Files in ``--run-dir``: ``identity.key``, ``checkpoint.pt``, ``learning_curve.jsonl`` (a JSON object a
+line: the swarm's ``time, step, num_peers, samples_per_second, loss``, and the backbone's evaluations
+``time, step, eval_loss``), ``contributions.csv`` and ``ready.json`` (addresses, once the node is up). ``/swarm.json``
 serves the swarm's summary (global step, samples/s, peers, learning curve, leaderboard; see
 ``dedloc_core.stats.swarmview``); ``/`` the public dashboard (``organizer.dashboard``) and ``/catalog.pub``
 the public key line of the key that signed the served catalog.

@@ -29,7 +29,7 @@ ours. A part whose sender left is averaged without it, as hivemind does (``parti
 Kind: our policy; bug fixes (docs/hivemind/robust_reduce.patch): the shield, the idempotent
 ``on_sender_failed``, the refused NaN average.
 
-Shown (slow): ``tests/test_robust.py`` (one NaN peer poisons all without it; centered clip holds
+Shown: (slow) ``tests/test_robust.py`` (one NaN peer poisons all without it; centered clip holds
 against an amplified peer; a NaN reducer fails the round), ``tests/test_shared_average.py`` (a
 sender leaves waiting), ``tests/test_bans.py`` (one averager's ban holds in the other's).
 """
