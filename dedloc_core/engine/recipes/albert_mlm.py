@@ -16,12 +16,13 @@ from torch import nn
 
 from dedloc_core.catalog.recipes import AlbertMLMParams
 
-from . import text
+from . import declared, text
 from .text import BYTE_VOCAB, CLS, MASK, PAD, SEP, VOCAB_WITH_SPECIALS, TextSource
 from .tiny_lm import WarmupConstant, model_device
 
 EVAL_BATCH = 16
 EVAL_MASK_SEED = 0
+SPECIALS = {"pad": PAD, "cls": CLS, "sep": SEP, "mask": MASK}  # every other id is a byte
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(embedding_size=64, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=256),
@@ -47,20 +48,9 @@ def frame(windows: torch.Tensor) -> torch.Tensor:
 
 
 def mask_tokens(ids: torch.Tensor, mask_prob: float, generator: torch.Generator) -> MLMBatch:
-    """BERT masking of byte positions: of a ``mask_prob`` share, 80% ``MASK``, 10% random, 10% kept.
-
-    Every row gets at least one masked byte.
-    """
-    is_byte = ids < BYTE_VOCAB
-    chosen = (torch.rand(ids.shape, generator=generator) < mask_prob) & is_byte
-    # A row with nothing masked would make the loss NaN: mask its first byte instead.
-    empty = ~chosen.any(dim=1)
-    chosen[empty] = is_byte[empty] & (is_byte[empty].cumsum(dim=1) == 1)
-    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
-    roll = torch.rand(ids.shape, generator=generator)
-    random_bytes = torch.randint(0, BYTE_VOCAB, ids.shape, generator=generator)
-    inputs = torch.where(chosen & (roll < 0.8), torch.full_like(ids, MASK), ids)
-    inputs = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), random_bytes, inputs)
+    """BERT masking of byte positions: of a ``mask_prob`` share, 80% ``MASK``, 10% a random byte,
+    10% kept; every row gets at least one masked byte (a row with none would make the loss NaN)."""
+    inputs, labels = declared.mask_tokens(ids, mask_prob, SPECIALS, BYTE_VOCAB, generator)
     return MLMBatch(inputs, labels)
 
 

@@ -134,8 +134,8 @@ def special_ids(tokenizer: Path | None) -> dict[str, int]:
 
 def mask_tokens(ids: torch.Tensor, prob: float, specials: dict[str, int], vocab: int,
                 generator: torch.Generator) -> MLMBatch:
-    """BERT masking: of a ``prob`` share of the ordinary tokens, 80 % ``[MASK]``, 10 % a random
-    token, 10 % kept; every row gets at least one."""
+    """BERT masking: of a ``prob`` share of the ordinary tokens (all but ``specials``' pad, cls and
+    sep), 80 % ``[MASK]``, 10 % a random token below ``vocab``, 10 % kept; every row gets at least one."""
     ordinary = (ids != specials["pad"]) & (ids != specials["cls"]) & (ids != specials["sep"])
     chosen = (torch.rand(ids.shape, generator=generator) < prob) & ordinary
     empty = ~chosen.any(dim=1)
