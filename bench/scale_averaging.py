@@ -27,13 +27,17 @@ peer has reported round r - 1. A warm-up round comes first and is shown, not cou
 started swarm's first dials can meet libp2p's dial backoff and leave a peer without a group). Peers
 stay up until every round is reported: a reducer that leaves as soon as its own step returns fails
 the zero-share senders it still owes their results. A round succeeds when every peer's step returned and its result is
-the mean of its group's tensors (within fp16's error). Per N it prints the round times (the slowest
+the mean of its group's tensors (within fp16's error). Its groups *agree* when every peer's step returned and the
+peers of each group hold the same average: a reducer that drops a late sender averages the others' parts and sends
+every peer that average (hivemind's design), so such a round agrees without the exact mean of everyone ``gather``
+lists. Per N it prints the round times (the slowest
 peer's step, matchmaking included), the group sizes formed, the LP's solve time and split for
 those groups (``load_balance_peers`` called here on each group's declared bandwidths, as every
 member's averager calls it), the peers' memory (RSS and USS summed over their process trees),
 the machine's CPU busy during the rounds (all cores; near 100 % the lab, not the design, sets the
 round time), and
-``scale_averaging: peers N, rounds R, success S %, round T s (p95 P s), group G`` as each N ends;
+``scale_averaging: peers N, rounds R, success S %, round T s (p95 P s), group G`` as each N ends (after a line
+with the share of rounds whose groups agree);
 then the table. Each peer's log (hivemind's warnings) stays in the temporary folder ``scaleN-*``.
 """
 
@@ -118,7 +122,9 @@ while done < a["rounds"] - 1:
         m = sum((j + 1) / n for j in members) / len(members)
         with averager.get_tensors() as tensors:
             err = float((tensors[0] - (noise * m + m)).abs().max())
-        say(round=r, ok=err < 0.05, time=took, group=members, err=err)
+            # what the peer holds, in the units of s: a group's peers hold one value, whoever was left out
+            held = float((tensors[0] / (noise + 1)).median())
+        say(round=r, ok=err < 0.05, time=took, group=members, err=err, held=round(held, 4))
     except Exception as exc:
         say(round=r, ok=False, time=time.perf_counter() - began, group=None, err=None,
             error=f"{type(exc).__name__}: {exc}"[:300])
@@ -272,16 +278,30 @@ def run_n(n: int, args, lab_cls) -> dict:
                 p.wait()
 
 
+def agree(rows: list[dict]) -> bool:
+    """Every peer's step returned, and the peers of each group hold the same average: a round whose
+    reducer left a late sender out (the others average without it, by design) agrees, though its
+    peers miss the exact mean of everyone ``gather`` lists (``success``)."""
+    if not all(x["group"] for x in rows):
+        return False
+    held: dict[tuple, set] = {}
+    for x in rows:
+        held.setdefault(tuple(x["group"]), set()).add(x["held"])
+    return all(max(v) - min(v) < 1e-3 for v in held.values())
+
+
 def summarize(run: dict) -> dict:
     results, n = run["results"], run["n"]
     success = [all(x["ok"] for x in rows) for rows in results]
+    agreed = [agree(rows) for rows in results]
     times = sorted(max((x["time"] or 0) for x in rows) for rows in results)
     groups = [tuple(x["group"]) for rows in results for x in rows if x["group"]]
     sizes = [len(g) for g in groups] or [0]
     histogram = {k: sizes.count(k) for k in sorted(set(sizes))}
     solve, low, high, idle = lp_split([g for g in groups if len(g) > 1], run["bandwidths"], run["size"])
     p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
-    return dict(n=n, rounds=len(results), success=100 * sum(success) / len(success), mean=statistics.mean(times),
+    return dict(n=n, rounds=len(results), success=100 * sum(success) / len(success),
+                agreed=100 * sum(agreed) / len(agreed), mean=statistics.mean(times),
                 p95=p95, group=statistics.mean(sizes), histogram=histogram, solve=solve, low=low, high=high,
                 idle=idle, started=run["started"], rss=run["rss"], uss=run["uss"],
                 busy=statistics.mean(rows[0]["busy"] for rows in results))
@@ -319,6 +339,8 @@ def main() -> None:
         s = rows[-1]
         print(f"  N={n}: started in {s['started']:.0f} s, peers' memory RSS {s['rss']:.0f} MiB, "
               f"USS {s['uss']:.0f} MiB; groups {s['histogram']}", flush=True)
+        print(f"  N={n}: rounds whose groups agree (a late sender left out, by design): {s['agreed']:.0f} %",
+              flush=True)
         print(f"scale_averaging: peers {s['n']}, rounds {s['rounds']}, success {s['success']:.0f} %, "
               f"round {s['mean']:.1f} s (p95 {s['p95']:.1f} s), group {s['group']:.1f}", flush=True)
     print(f"{'peers':>5} {'rounds':>6} {'success':>8} {'round s':>8} {'p95 s':>6} {'group':>6} "
