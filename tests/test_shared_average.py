@@ -9,14 +9,8 @@ waits for that output for ever, holding the averager's tensors)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from probes import probe_json
 
 # Three peers, one part to average (the vector is smaller than hivemind's part size): one peer
 # reduces it, the other two only send. The first of those sends 4 s late; the second gives up on
@@ -76,9 +70,7 @@ os._exit(0)
 
 
 def leaver(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", LEAVER, mode], cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return probe_json(LEAVER, mode, timeout=180)
 
 
 @pytest.mark.slow

@@ -117,13 +117,10 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
-def special_ids(tokenizer: Path | None) -> dict[str, int]:
-    """A masked LM's special token ids from its tokenizer.json (the prepare tool's without one)."""
-    if tokenizer is None:
+def special_ids(tok) -> dict[str, int]:
+    """A masked LM's special token ids from its tokenizer (the prepare tool's without one)."""
+    if tok is None:
         return dict(DEFAULT_MASKED_IDS)
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer))
     ids = {k: tok.token_to_id(token) for k, token in MASKED_SPECIALS.items()}
     missing = [MASKED_SPECIALS[k] for k, v in ids.items() if v is None]
     if missing:
@@ -194,21 +191,23 @@ class DeclaredRecipe:
         self.name, self.params, self.family = name, params, type(params).__struct_config__.tag
         self.masked = name == "masked-lm"
         self.vocab = params.config.vocab_size
-        if tokenizer is not None:
-            self._check_tokenizer(tokenizer)
-        self.specials = special_ids(tokenizer) if self.masked else {}
+        tok = self._tokenizer(tokenizer) if tokenizer is not None else None
+        self.specials = special_ids(tok) if self.masked else {}
 
-    def _check_tokenizer(self, path: Path) -> None:
+    def _tokenizer(self, path: Path):
+        """The experiment's tokenizer, checked against the model's vocabulary."""
         from tokenizers import Tokenizer
 
         try:
-            size = Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+            tok = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises its own Exception for a bad file
             raise RecipeError(f"The experiment's tokenizer cannot be read: {exc}", title="Experiment unusable",
                               hint=_BAD_DATA) from exc
+        size = tok.get_vocab_size(with_added_tokens=True)
         if size > self.vocab:
             raise RecipeError(f"The experiment's tokenizer has {size} tokens, more than the model's vocabulary of "
                               f"{self.vocab}.", title="Experiment unusable", hint=_BAD_DATA)
+        return tok
 
     def config(self) -> Any:
         import transformers
