@@ -1,12 +1,13 @@
-"""End to end: ``dedloc demo`` (a real backbone and two real workers) records the first volunteer's
-contribution in a stats file and keeps the backbone's /swarm.json, whose leaderboard shows the
-volunteers' chosen names under their own peer ids; the Statistics page renders both
-(artifacts/screens/statistics-demo.png)."""
+"""End to end: ``dedloc demo`` (a real backbone and two real workers) shows a newcomer a loss that
+falls step after step, records the first volunteer's contribution in a stats file and keeps the
+backbone's /swarm.json, whose leaderboard shows the volunteers' chosen names under their own peer
+ids; the Statistics page renders both (artifacts/screens/statistics-demo.png)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,16 @@ def test_demo_fills_stats_and_swarm_summary(tmp_path):
     root = tmp_path / "demo"
     db = tmp_path / "stats.sqlite3"
     env = {**os.environ, "DEDLOC_LOG_LEVEL": "WARNING"}
-    demo = subprocess.run([sys.executable, "-m", "dedloc_core.cli", "demo", "--steps", "2", "--dir", str(root),
+    demo = subprocess.run([sys.executable, "-m", "dedloc_core.cli", "demo", "--steps", "10", "--dir", str(root),
                            "--stats-db", str(db), "--timeout", "600"],
                           capture_output=True, text=True, timeout=800, env=env)
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    losses = [float(x) for x in re.findall(r"· loss ([\d.]+) ·", demo.stdout)]
+    assert len(losses) >= 10 and losses[-1] < losses[0] - 1.5, losses
+    # no jump: a step whose gradient mixes micro-batches taken on two parameter versions (a delayed
+    # update applied mid-step) makes the loss jump (prefetch._AppliesUpdatesAtStepEnds)
+    rises = [loss - min(losses[:i]) for i, loss in enumerate(losses) if i]
+    assert max(rises) < 0.3, losses
 
     with StatsStore(db) as store:
         total = store.totals()

@@ -217,6 +217,23 @@ class _ServesWholeSteps:
         return super().get_current_state()
 
 
+class _AppliesUpdatesAtStepEnds:
+    """Applies a delayed optimizer step's new parameters only when the next step ends, never in the
+    middle of one. hivemind applies them at the first micro-batch after the background step ends
+    (``step(apply_delayed_updates=True)`` before each one), so a step's gradient mixed micro-batches
+    taken on two parameter versions, in proportions that vary from step to step, and with Adam at the
+    demo's learning rate such a mix can make the loss jump by half for a step or two. Held to the
+    step's end, every micro-batch of a step sees the same parameters, one step old: DeDLOC's delayed
+    parameter updates. The step's end waits for the update and applies it, as before."""
+
+    def step(self, *args, wait_for_delayed_updates: bool | None = None, apply_delayed_updates: bool = True,
+             **kwargs):
+        if apply_delayed_updates and not wait_for_delayed_updates and not args and not any(kwargs.values()):
+            apply_delayed_updates = False  # hivemind's call before each micro-batch: nothing else to do
+        return super().step(*args, wait_for_delayed_updates=wait_for_delayed_updates,
+                            apply_delayed_updates=apply_delayed_updates, **kwargs)
+
+
 class _AlsoSets(threading.Event):
     """An Event whose ``set`` also sets ``other``."""
 
@@ -229,11 +246,12 @@ class _AlsoSets(threading.Event):
         self.other.set()
 
 
-class TrainingStateAverager(_ServesWholeSteps, _HandsOverPacked, state_averager.TrainingStateAverager,
-                            _UsesPrefetched):
+class TrainingStateAverager(_AppliesUpdatesAtStepEnds, _ServesWholeSteps, _HandsOverPacked,
+                            state_averager.TrainingStateAverager, _UsesPrefetched):
     """hivemind's TrainingStateAverager whose next load may use a state downloaded beforehand, that
-    serves a state only once its step's delayed update is in it, and that hands it to its own
-    process packed (the same class name: it names the handlers on the wire)."""
+    applies a delayed update at a step's end, serves a state only once its step's delayed update is
+    in it, and that hands it to its own process packed (the same class name: it names the handlers
+    on the wire)."""
 
     def _state_tensors(self) -> int:
         return len(state_averager.TrainingStateAverager.get_current_state(self)[1])  # hivemind's, unpacked
