@@ -176,6 +176,21 @@ def test_each_family_trains_on_token_shards(tmp_path, family, optimizer):
     assert after < 0.8 * before, (before, after)
 
 
+@pytest.mark.parametrize("family", ["albert", "bert", "roberta"])
+def test_the_masked_loss_is_transformers_own_on_the_masked_rows_only(family):
+    recipe = load_recipe("masked-lm", {"family": family, "seq_len": 32, "config": TINY[family]})
+    model = recipe.build_model(seed=0).eval()  # (no dropout: both passes see the same network)
+    rows = torch.from_numpy(corpus_rows(32)[:6].astype(np.int64))
+    rows[:, 0], rows[:, -1] = 2, 3
+    batch = recipe._masked(rows, torch.Generator().manual_seed(0))
+    theirs = model(input_ids=batch.input_ids, labels=batch.labels).loss
+    ours = recipe.loss(model, batch)
+    assert torch.allclose(ours, theirs, atol=1e-6), (ours, theirs)
+    grads = [torch.autograd.grad(x, list(model.parameters()), allow_unused=True) for x in (theirs, ours)]
+    for a, b in zip(*grads, strict=True):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-6))
+
+
 def test_bad_shards_and_tokenizers_get_clear_errors(tmp_path):
     recipe = load_recipe("causal-lm", {"family": "llama", "seq_len": 32, "config": TINY["llama"]})
     wide = write_rows(tmp_path / "wide.npy", corpus_rows(64))

@@ -36,6 +36,8 @@ _CLASSES = {
     "bert": ("BertConfig", "BertForMaskedLM"),
     "roberta": ("RobertaConfig", "RobertaForMaskedLM"),
 }
+# each masked-LM class's encoder and vocabulary head (attribute names)
+_MLM_PARTS = {"albert": ("albert", "predictions"), "bert": ("bert", "cls"), "roberta": ("roberta", "lm_head")}
 _BAD_DATA = "The experiment's data does not match its model: tell its organizer."
 
 
@@ -251,9 +253,19 @@ class DeclaredRecipe:
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         device = model_device(model)
         if self.masked:
-            return model(input_ids=batch.input_ids.to(device), labels=batch.labels.to(device)).loss
+            return self._masked_loss(model, batch.input_ids.to(device), batch.labels.to(device))
         batch = batch.to(device)
         return model(input_ids=batch, labels=batch).loss
+
+    def _masked_loss(self, model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """transformers' masked-LM loss, with the vocabulary head applied to the masked positions only:
+        the head over every position (a 32,000-word vocabulary at 512 positions) took half of a small
+        model's time, and 85 % of its rows go into no loss."""
+        encoder, head = _MLM_PARTS[self.family]
+        hidden = getattr(model, encoder)(input_ids=input_ids).last_hidden_state
+        where = labels != -100
+        logits = getattr(model, head)(hidden[where])
+        return nn.functional.cross_entropy(logits.float(), labels[where])
 
     def evaluate(self, model: nn.Module, shard_paths: Sequence[Path], max_batches: int = 8) -> float:
         """Mean loss over the first rows of the held-out shard(s) (masked: a fixed masking)."""
