@@ -5,6 +5,9 @@ hardware probe; a worker process (a frozen build re-runs itself with ``--worker`
 127.0.0.1 with no other peer; a few global steps of ``tiny-lm`` on the shipped corpus, fetched over
 HTTP from 127.0.0.1 and verified; a clean stop. Exit 0 when all pass; otherwise 1 and the failing
 step with its reason. Nothing is written outside a temporary directory.
+
+An organizer checks that this client builds and trains their experiment with ``--catalog SIGNED.json
+--trusted-key KEY.pub --experiment ID --data-dir SHARDS`` (``dedloc data prepare``'s output).
 """
 
 from __future__ import annotations
@@ -33,15 +36,21 @@ MICRO_BATCHES_PER_STEP = 4
 
 
 class SelfTestFailed(DedlocError):
-    def __init__(self, step: str, message: str):
-        super().__init__(message, title=f"Self-test failed at: {step}", code="selftest",
-                         hint="Run it again with --keep DIR to keep the worker's log, and report the failing step.")
+    def __init__(self, step: str, message: str, hint: str = ""):
+        super().__init__(message, title=f"Self-test failed at: {step}", code="selftest", hint=hint or
+                         "Run it again with --keep DIR to keep the worker's log, and report the failing step.")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dedloc --self-test", description=__doc__.splitlines()[0])
     p.add_argument("--experiment", default=EXPERIMENT,
                    help=f"an experiment of the shipped catalog (default {EXPERIMENT})")
+    p.add_argument("--catalog", type=Path, default=None,
+                   help="an organizer's signed catalog to take the experiment from (default: the shipped one)")
+    p.add_argument("--trusted-key", type=Path, action="append", default=[],
+                   help="the public key that signed --catalog (repeatable)")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="the experiment's data, served at /data/ (default: the shipped corpus)")
     p.add_argument("--steps", type=int, default=2, help="global training steps to reach (default 2)")
     p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     p.add_argument("--keep", type=Path, default=None, help="keep the worker's files and log here")
@@ -76,29 +85,42 @@ def _ok(step: str, detail: str = "") -> None:
 
 
 def run(args: argparse.Namespace, root: Path) -> None:
-    experiment = _experiment(root, args.experiment)
-    _ok("catalog", f"signed default catalog verified; experiment {args.experiment!r}")
+    experiment = _experiment(root, args)
+    which = f"{args.catalog.name} verified" if args.catalog else "signed default catalog verified"
+    _ok("catalog", f"{which}; experiment {args.experiment!r}")
     _hardware(root)
     with resources.as_file(paths.resource("corpus")) as corpus:
         from dedloc_core.organizer.httpserve import FileServer
 
         with FileServer() as server:
-            server.serve_dir("/data/", Path(corpus))
-            _ok("data", f"corpus served at {server.url}")
+            server.serve_dir("/data/", args.data_dir or Path(corpus))
+            _ok("data", f"{args.data_dir or 'corpus'} served at {server.url}")
             _train(args, root, experiment, server.url)
 
 
-def _experiment(root: Path, exp_id: str) -> dict:
-    from dedloc_core.catalog import CatalogStore
+def _experiment(root: Path, args: argparse.Namespace) -> dict:
+    from dedloc_core.catalog import CatalogStore, load_trusted_keys, verify_catalog
 
-    result = CatalogStore(root / "last_good.json").load_default()
-    if result.catalog is None or result.source != "default":
-        reason = result.error.message if result.error else "no catalog"
-        raise SelfTestFailed("catalog", f"The shipped catalog is unusable: {reason}")
-    exp = result.catalog.get(exp_id)
+    if args.catalog:
+        try:
+            keys = {**load_trusted_keys(), **load_trusted_keys(args.trusted_key)}
+            catalog = verify_catalog(args.catalog.read_bytes(), keys)
+        except (DedlocError, OSError) as exc:
+            raise SelfTestFailed("catalog", exc.message if isinstance(exc, DedlocError) else str(exc),
+                                 hint="Give the signed catalog's file and, with --trusted-key, the .pub key "
+                                      "that signed it.") from exc
+        where = str(args.catalog)
+    else:
+        result = CatalogStore(root / "last_good.json").load_default()
+        if result.catalog is None or result.source != "default":
+            reason = result.error.message if result.error else "no catalog"
+            raise SelfTestFailed("catalog", f"The shipped catalog is unusable: {reason}")
+        catalog, where = result.catalog, "The shipped catalog"
+    exp_id = args.experiment
+    exp = catalog.get(exp_id)
     if exp is None:
-        known = ", ".join(e.id for e in result.catalog.experiments)
-        raise SelfTestFailed("catalog", f"The shipped catalog has no experiment {exp_id!r} (it has {known}).")
+        known = ", ".join(e.id for e in catalog.experiments)
+        raise SelfTestFailed("catalog", f"{where} has no experiment {exp_id!r} (it has {known}).")
     data = msgspec.to_builtins(exp)
     if exp.recipe == "tiny-lm":
         data["recipe_params"] = SMALL
