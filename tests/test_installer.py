@@ -147,6 +147,19 @@ def test_self_test_trains_the_albert_recipe(built, tmp_path):
     assert "ok  training: 1 global step of albert-mlm alone" in out.stdout, out.stdout
 
 
+@pytest.mark.parametrize("kind,family", [("causal", "llama"), ("masked", "bert")])
+def test_an_organizers_declared_experiment_trains_in_the_bundle(built, tmp_path, kind, family):
+    """The frozen ``data prepare`` (tokenizers) makes the shards; the frozen self-test builds the
+    declared transformers model (imported by name through transformers' lazy module) and trains it."""
+    from test_selftest import organizers_catalog
+
+    options, recipe = organizers_catalog(tmp_path, kind, family,
+                                         lambda *args: run_exe(*args, timeout=300, home=tmp_path / "home"))
+    out = run_exe("--self-test", *options, "--steps", "1", timeout=600, home=tmp_path / "home")
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr[-4000:]}"
+    assert f"ok  training: 1 global step of {recipe} alone" in out.stdout, out.stdout
+
+
 def test_self_test_fails_clearly(built, tmp_path):
     out = run_exe("--self-test", "--timeout", "0.5", timeout=120, home=tmp_path)
     assert out.returncode == EXIT_EXPLAINED
