@@ -1,21 +1,28 @@
 """An organizer's walk, end to end with the real commands: a folder of text files -> ``dedloc data
 prepare`` -> a signed catalog with a declared transformers causal LM -> ``dedloc demo --catalog``
 (a real backbone serving the token shards and the tokenizer, two real workers) -> the training loss
-falls, and so does the backbone's loss on the held-out shard (``/swarm.json``, the dashboard's curve)."""
+falls, and so does the backbone's loss on the held-out shard (``/swarm.json``), which the dashboard
+plots in headless Chromium beside the training loss (artifacts/screens/dashboard-eval.png)."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from conftest import tiny_experiment
 from netlab.peers import signed_catalog
 
+from dedloc_core.catalog import Experiment
+from dedloc_core.organizer import dashboard
+
 ROOT = Path(__file__).resolve().parents[1]
+SCREENS = ROOT / "artifacts" / "screens"
 CORPUS = ROOT / "resources" / "corpus"
 
 
@@ -57,3 +64,26 @@ def test_an_organizers_own_data_and_model_train_in_a_swarm(tmp_path):
     assert held_out[-1][1] < held_out[0][1] - 0.3, held_out  # on the held-out shard, as the dashboard plots it
     logs = (tmp_path / "demo" / "peer0.log").read_text()
     assert "Ready to train" in logs and "Traceback" not in logs
+    dashboard_shows(tmp_path, exp, key.read_text().strip(), (tmp_path / "demo" / "swarm.json").read_bytes(),
+                    held_out[-1])
+
+
+def dashboard_shows(tmp_path: Path, exp: dict, key_line: str, swarm: bytes, last: tuple[int, float]) -> None:
+    """The backbone's page with the demo's own /swarm.json: two curves, and the held-out loss in words."""
+    from test_dashboard import chromium, serve
+
+    page = dashboard.render(msgspec.convert(exp, Experiment), key_line)
+    with serve(page, swarm) as server:
+        dom = chromium(tmp_path, server.url, "--dump-dom")
+        SCREENS.mkdir(parents=True, exist_ok=True)
+        shot = SCREENS / "dashboard-eval.png"
+        shot.unlink(missing_ok=True)
+        chromium(tmp_path, server.url, f"--screenshot={shot}", "--window-size=1280,900")
+    assert re.search(r'<path d="M[^"]+" class="curve">', dom)  # the volunteers' training loss
+    assert re.search(r'<path d="M[^"]+" class="curve eval">', dom)  # the held-out loss
+    note = re.search(r"Held-out loss ([\d.,]+) at step ([\d,]+) \(perplexity ([\d.,]+)\)", dom)
+    assert note, dom[-3000:]
+    shown_loss, shown_step, perplexity = (float(x.replace(",", "")) for x in note.groups())
+    step, loss = last
+    assert shown_step == step and abs(shown_loss - loss) < 6e-4 and abs(perplexity - math.exp(loss)) < 0.06, note
+    assert shot.stat().st_size > 10_000

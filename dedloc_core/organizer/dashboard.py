@@ -120,12 +120,14 @@ function drawCurve(points) {
   box.append(svg("text", {x: L + (W - L - R) / 2, y: H - 8, "text-anchor": "middle", class: "title"}, "global step"));
   box.append(svg("text", {x: 16, y: T + (H - T - B) / 2, "text-anchor": "middle", class: "title",
                           transform: `rotate(-90 16 ${T + (H - T - B) / 2})`}, "loss"));
+  let key = 0;  // a legend in the top right corner: labels at the lines' ends overlapped where they met
   for (const [line, cls, label] of [[train, "", "training (volunteers' batches)"], [held, " eval", "held-out"]]) {
     if (!line.length) continue;
     const d = line.map((p, i) => (i ? "L" : "M") + X(p.step) + " " + Y(p.v)).join(" ");
     box.append(svg("path", {d, class: "curve" + cls}));
-    const end = line[line.length - 1];
-    box.append(svg("text", {x: X(end.step) - 6, y: Y(end.v) - 8, "text-anchor": "end", class: "title"}, label));
+    const ky = T + 10 + 18 * key++;
+    box.append(svg("path", {d: `M${W - R - 250} ${ky} L${W - R - 222} ${ky}`, class: "curve" + cls}));
+    box.append(svg("text", {x: W - R - 214, y: ky + 4, class: "title"}, label));
     if (line.length <= 60) {
       for (const p of line) box.append(svg("circle", {cx: X(p.step), cy: Y(p.v), r: 3, class: "dot" + cls}));
     }
