@@ -1,6 +1,11 @@
 """Overhead of the volunteer worker (hivemind) against a bare torch loop, measured in one run.
 
     .venv/bin/python bench/overhead.py [--seconds 60] [--warmup 20] [--model d256x4] [--batch 8]
+    .venv/bin/python bench/overhead.py --recipe causal-lm [--model '{"family": "gpt2", ...}']
+
+``--recipe causal-lm`` or ``masked-lm`` measures a declared transformers model (llama by default,
+albert for masked-lm) on token shards that ``dedloc data prepare`` makes of the shipped corpus first;
+``--model`` JSON is merged into the prepared entry's recipe_params (``config`` key by key).
 
 Two phases on the same machine, one after the other, each with two processes of one torch thread
 (a two-peer swarm on a 2-core machine keeps both cores busy, so the bare side does too):
@@ -44,6 +49,29 @@ if str(ROOT) not in sys.path:
 TARGET_BATCH = 10_000_000  # never reached in the window: the swarm only accumulates
 
 
+def recipe_params(args: argparse.Namespace) -> dict:
+    if args.recipe == "tiny-lm":
+        return parse_model(args.model or "d256x4")
+    params = prepared(args)["recipe_params"]
+    extra = json.loads(args.model) if args.model else {}
+    return {**params, **extra, "config": {**params["config"], **extra.get("config", {})}}
+
+
+def prepared(args: argparse.Namespace) -> dict:
+    return json.loads((args.data / "catalog-entry.json").read_text())
+
+
+def prepare_data(args: argparse.Namespace, out: Path) -> None:
+    """A declared recipe's shards, tokenizer and entry: ``dedloc data prepare`` on the shipped corpus."""
+    extra = json.loads(args.model) if args.model else {}
+    kind = "masked" if args.recipe == "masked-lm" else "causal"
+    family = extra.get("family", "albert" if kind == "masked" else "llama")
+    cmd = [sys.executable, "-m", "dedloc_core.cli", "data", "prepare", str(ROOT / "resources" / "corpus"),
+           "--out", str(out), "--kind", kind, "--family", family, "--seq-len", str(extra.get("seq_len", 128))]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    args.data = out
+
+
 def parse_model(spec: str) -> dict:
     """``d256x4`` (d_model x layers, seq 128, 4 heads), ``d256x4s64`` (seq 64) or a JSON dict."""
     spec = spec.strip()
@@ -67,7 +95,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=60.0, help="length of each measured window (default 60)")
     p.add_argument("--warmup", type=float, default=20.0, help="seconds of training before each window (default 20)")
-    p.add_argument("--model", default="d256x4", help="tiny-lm size: d256x4 (default, 3.3M params), or JSON params")
+    p.add_argument("--recipe", choices=("tiny-lm", "causal-lm", "masked-lm"), default="tiny-lm",
+                   help="tiny-lm (default) or a declared transformers model")
+    p.add_argument("--model", default=None,
+                   help="tiny-lm size: d256x4 (default, 3.3M params), or JSON params (merged for a declared recipe)")
+    p.add_argument("--data", type=Path, default=None, help=argparse.SUPPRESS)  # a declared recipe's prepared shards
     p.add_argument("--batch", type=int, default=8, help="micro-batch size (default 8)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     p.add_argument("--peers", type=int, default=2, help="processes per phase (default 2)")
@@ -182,10 +214,10 @@ def bare_child(args: argparse.Namespace) -> int:
         from dedloc_core.engine import no_dynamo
 
         no_dynamo.install()
-    recipe = load_recipe("tiny-lm", parse_model(args.model))
+    recipe = load_recipe(args.recipe, recipe_params(args), args.data / "tokenizer.json" if args.data else None)
     model = recipe.build_model(seed=0)
     opt = recipe.build_optimizer(model.parameters())
-    batches = recipe.batches([], args.batch, seed=args.seed)
+    batches = recipe.batches(sorted(args.data.glob("shard-*.npy")) if args.data else [], args.batch, seed=args.seed)
     accumulate = max(1, TARGET_BATCH // args.batch)
     me = psutil.Process()
     began = time.monotonic()
@@ -242,8 +274,10 @@ def run_bare(args: argparse.Namespace) -> list[dict]:
         str(args.seconds),
         "--warmup",
         str(args.warmup),
-        "--model",
-        args.model,
+        "--recipe",
+        args.recipe,
+        *(["--model", args.model] if args.model else []),
+        *(["--data", str(args.data)] if args.data else []),
         "--batch",
         str(args.batch),
         "--threads",
@@ -324,8 +358,8 @@ def experiment(args: argparse.Namespace) -> dict:
         "title": "Overhead benchmark",
         "description": "bench/overhead.py",
         "organizer": "bench",
-        "recipe": "tiny-lm",
-        "recipe_params": parse_model(args.model),
+        "recipe": args.recipe,
+        "recipe_params": recipe_params(args),
         "run_id": f"overhead_bench_{os.getpid()}",
         "initial_peers": [],
         "target_batch_size": TARGET_BATCH,
@@ -333,7 +367,7 @@ def experiment(args: argparse.Namespace) -> dict:
         "matchmaking_time": 3.0,
         "averaging_timeout": 30.0,
         "hardware": {"ram_gb": 1, "cpu_cores": 1, "disk_gb": 1, "gpu_required": False},
-        "data": {
+        "data": prepared(args)["data"] if args.data else {
             "base_url": None,
             "shards": [
                 {"url": f"data/{s['name']}", "sha256": s["sha256"], "size": s["size"]} for s in manifest["shards"]
@@ -343,6 +377,12 @@ def experiment(args: argparse.Namespace) -> dict:
         "status": "active",
         "expires_at": None,
     }
+
+
+def ready_line(log: Path) -> str:
+    """The worker's own account of its start: imports, data, model build, swarm join, state."""
+    found = re.search(r"Ready to train (.*)", log.read_text(errors="replace"))
+    return found.group(1) if found else "not logged"
 
 
 def run_swarm(args: argparse.Namespace, root: Path) -> dict:
@@ -357,7 +397,7 @@ def run_swarm(args: argparse.Namespace, root: Path) -> dict:
     views: list[WorkerView] = []
     with resources.as_file(resources.files("resources").joinpath("corpus")) as corpus:
         server = FileServer()
-        server.serve_dir("/data/", Path(corpus))
+        server.serve_dir("/data/", args.data or Path(corpus))
         with server:
             try:
                 for i in range(args.peers):
@@ -365,7 +405,7 @@ def run_swarm(args: argparse.Namespace, root: Path) -> dict:
                     home.mkdir(parents=True, exist_ok=True)
                     view = WorkerView(f"peer{i}")
                     worker = WorkerProcess(
-                        env={**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_LOG_LEVEL": "WARNING"},
+                        env={**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_LOG_LEVEL": "INFO"},
                         stderr=open(home / "worker.log", "w"),  # closed with the process
                         on_event=view.on_event,
                     )
@@ -417,6 +457,7 @@ def run_swarm(args: argparse.Namespace, root: Path) -> dict:
                     "num_peers": num_peers,
                     "external_cores": external,
                     "errors": [f"{e.title}: {e.message}" for e in errors],
+                    "ready": ready_line(root / "peer0" / "worker.log"),
                 }
             finally:
                 for worker in workers:
@@ -431,8 +472,18 @@ def main(argv=None) -> int:
     if args.bare_child:
         return bare_child(args)
     began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="dedloc-overhead-data-") as data:
+        if args.recipe != "tiny-lm" and args.data is None:
+            print("preparing token shards from the shipped corpus …", flush=True)
+            prepare_data(args, Path(data))
+        return measure(args, began)
+
+
+def measure(args: argparse.Namespace, began: float) -> int:
+    params = recipe_params(args)
+    model = args.model or "d256x4" if args.recipe == "tiny-lm" else params.get("family")
     print(
-        f"overhead bench: tiny-lm {args.model}, micro-batch {args.batch}, {args.threads} thread(s) per process, "
+        f"overhead bench: {args.recipe} {model}, micro-batch {args.batch}, {args.threads} thread(s) per process, "
         f"{args.peers} processes per phase, window {args.seconds:.0f} s after {args.warmup:.0f} s warm-up",
         flush=True,
     )
@@ -485,6 +536,7 @@ def report(bare: list[dict] | None, swarm: dict | None) -> None:
             f"in {len(swarm['memory'])} processes"
         )
         print(f"  PSS/USS by process (MiB)        {each}")
+        print(f"first worker ready                {swarm['ready']}")
     if bare and swarm:
         print(f"memory ratio (PSS)                {swarm['pss'] / b['pss']:.2f}x   (target <= 1.5x)")
     if bare:
