@@ -77,6 +77,8 @@ class Preferences(msgspec.Struct, frozen=True):
     gpu_while_in_use: Annotated[bool, Meta(title="Use the GPU while I use the computer")] = False
     gpu_memory_cap_mb: Annotated[int, Meta(ge=256, le=1 << 20, title="GPU memory cap",
                                            description="MB")] | None = None
+    gpu_temp_limit_c: Annotated[int, Meta(ge=50, le=100, title="Pause the GPU at",
+                                          description="°C, until it is 5 °C cooler; empty: never")] | None = 83
     upload_cap_kbs: Annotated[int, Meta(ge=8, le=10_000_000, title="Upload cap",
                                         description="kB/s; empty: none")] | None = None
     download_cap_kbs: Annotated[int, Meta(ge=8, le=10_000_000, title="Download cap",

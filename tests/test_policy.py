@@ -222,3 +222,37 @@ def test_unknown_idle_counts_as_present():
     assert isinstance(start, StartWorker)
     assert start.limits.cpu_threads == max(1, round(c.sampler.threads * 25 / 100))
     assert start.limits.use_gpu is False
+
+
+def test_gpu_temperature_cap_with_hysteresis():
+    """Pure: at or above the limit the GPU goes off; it comes back only 5 °C below it."""
+    def use_gpu(temp, cooling, prefs=P):
+        d = decide(Inputs(now=MON_14H, threads=8, idle_seconds=AWAY, gpu_temp_c=temp, gpu_cooling=cooling), prefs)
+        assert d.run  # the CPU goes on working
+        return d.limits.use_gpu, d.gpu_hot
+
+    assert P.gpu_temp_limit_c == 83
+    assert use_gpu(82.0, False) == (True, False)
+    assert use_gpu(83.0, False) == (False, True)
+    assert use_gpu(80.0, True) == (False, True)  # cooling: still above 78
+    assert use_gpu(78.0, True) == (True, False)
+    assert use_gpu(None, True) == (True, False)  # no reading: nothing to go by
+    assert use_gpu(95.0, False, replace(P, gpu_temp_limit_c=None)) == (True, False)  # no cap
+
+
+def test_contributor_carries_the_gpu_heat_between_ticks():
+    c, clock, source, gpu = contributor()
+    gpu.temp = 70.0
+    (start,) = c.tick()
+    assert start.limits.use_gpu
+    gpu.temp = 85.0
+    (change,) = c.tick()
+    assert isinstance(change, SetLimits) and change.limits.use_gpu is False
+    assert "GPU at 85 °C: off until 78 °C" in c.decision.reason
+    gpu.temp = 80.0
+    assert c.tick() == []  # between the limits: stays off
+    gpu.temp = 77.0
+    (change,) = c.tick()
+    assert isinstance(change, SetLimits) and change.limits.use_gpu is True
+    gpu.temp = 80.0
+    assert c.tick() == []  # warming again, under the limit: stays on

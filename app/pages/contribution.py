@@ -29,7 +29,7 @@ from ..controller import Controller
 SECTIONS = {
     "When": ["idle_only", "idle_minutes", "schedule", "run_on_battery", "other_cpu_limit", "blocking_programs"],
     "How much": ["cpu_share_idle", "cpu_share_in_use", "use_gpu", "gpu_while_in_use", "gpu_memory_cap_mb",
-                 "upload_cap_kbs", "download_cap_kbs", "daily_quota_mb", "long_pause_minutes"],
+                 "gpu_temp_limit_c", "upload_cap_kbs", "download_cap_kbs", "daily_quota_mb", "long_pause_minutes"],
     "You": ["display_name", "start_at_login"],
 }
 OFF = "Off"

@@ -128,7 +128,9 @@ class Contributor:
         quota = self.prefs.daily_quota_mb
         d = decide(Inputs(
             now=now, idle_seconds=s.idle_seconds, on_battery=s.on_battery, other_cpu_percent=s.other_cpu_percent,
-            gpu_busy=s.gpu_busy, programs=s.programs, threads=s.threads, user_paused=self.user_paused,
+            gpu_busy=s.gpu_busy, gpu_temp_c=s.gpu_temp_c,
+            gpu_cooling=self.decision is not None and self.decision.gpu_hot, programs=s.programs,
+            threads=s.threads, user_paused=self.user_paused,
             snoozed_until=self.snoozed_until, gpu_snoozed_until=self.gpu_snoozed_until,
             quota_used=bool(quota) and self.bytes_today >= quota * 1_000_000,
         ), self.prefs)

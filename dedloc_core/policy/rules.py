@@ -14,6 +14,8 @@ from datetime import datetime, timedelta
 from dedloc_core.prefs import Preferences, TimeWindow, format_schedule
 from dedloc_core.protocol import Limits
 
+GPU_COOL_C = 5  # a GPU taken off for its heat comes back this much below the limit
+
 
 @dataclass(frozen=True)
 class Inputs:
@@ -24,6 +26,8 @@ class Inputs:
     on_battery: bool = False
     other_cpu_percent: float = 0.0  # CPU used by other programs, percent of all cores
     gpu_busy: bool = False  # another process computes on the GPU
+    gpu_temp_c: float | None = None  # the hottest GPU's temperature; None: no reading
+    gpu_cooling: bool = False  # the last decision took the GPU off for its heat (hysteresis)
     programs: frozenset[str] = frozenset()  # names of the running processes (not ours)
     threads: int = 1  # logical CPUs of this computer
     user_paused: bool = False
@@ -38,6 +42,7 @@ class Decision:
     reason: str  # for people: the tray's tooltip
     limits: Limits = field(default_factory=Limits)
     in_use: bool = False  # the user counts as present
+    gpu_hot: bool = False  # the GPU is off for its heat: the next decision's ``gpu_cooling``
 
 
 def decide(inputs: Inputs, prefs: Preferences) -> Decision:
@@ -46,8 +51,10 @@ def decide(inputs: Inputs, prefs: Preferences) -> Decision:
     in_use = inputs.idle_seconds is None or inputs.idle_seconds < prefs.idle_minutes * 60
     limits = _limits(inputs, prefs, in_use)
 
+    hot = gpu_too_hot(inputs, prefs)
+
     def pause(reason: str) -> Decision:
-        return Decision(False, reason, limits, in_use)
+        return Decision(False, reason, limits, in_use, hot)
 
     if inputs.user_paused:
         return pause("Paused by you")
@@ -75,18 +82,30 @@ def decide(inputs: Inputs, prefs: Preferences) -> Decision:
     if prefs.use_gpu and not limits.use_gpu:
         if inputs.gpu_snoozed_until is not None and now < inputs.gpu_snoozed_until:
             notes.append(f"GPU snoozed until {inputs.gpu_snoozed_until:%H:%M}")
+        elif hot:
+            notes.append(f"GPU at {inputs.gpu_temp_c:.0f} °C: off until {prefs.gpu_temp_limit_c - GPU_COOL_C} °C")
         elif inputs.gpu_busy:
             notes.append("GPU left to another program")
         elif in_use:
             notes.append("GPU off while you use the computer")
     reason = "Contributing" + (f" ({'; '.join(notes)})" if notes else "")
-    return Decision(True, reason, limits, in_use)
+    return Decision(True, reason, limits, in_use, hot)
+
+
+def gpu_too_hot(inputs: Inputs, prefs: Preferences) -> bool:
+    """At or above the user's limit; once off, the GPU stays off until ``GPU_COOL_C`` below it, so
+    that it does not go on and off around the limit every few seconds."""
+    limit, temp = prefs.gpu_temp_limit_c, inputs.gpu_temp_c
+    if limit is None or temp is None:
+        return False
+    return temp >= limit or (inputs.gpu_cooling and temp > limit - GPU_COOL_C)
 
 
 def _limits(inputs: Inputs, prefs: Preferences, in_use: bool) -> Limits:
     share = prefs.cpu_share_in_use if in_use else prefs.cpu_share_idle
     gpu_snoozed = inputs.gpu_snoozed_until is not None and inputs.now < inputs.gpu_snoozed_until
-    use_gpu = prefs.use_gpu and not gpu_snoozed and not inputs.gpu_busy and (prefs.gpu_while_in_use or not in_use)
+    use_gpu = (prefs.use_gpu and not gpu_snoozed and not inputs.gpu_busy and not gpu_too_hot(inputs, prefs)
+               and (prefs.gpu_while_in_use or not in_use))
     return Limits(
         cpu_threads=max(1, round(max(1, inputs.threads) * share / 100)),
         use_gpu=use_gpu,

@@ -28,6 +28,7 @@ class Sample:
     gpu_busy: bool
     programs: frozenset[str]
     threads: int
+    gpu_temp_c: float | None = None  # the hottest GPU, degrees Celsius
 
 
 class GpuProbe:
@@ -38,17 +39,24 @@ class GpuProbe:
     def busy(self, own_pids: set[int]) -> bool:
         return False
 
+    def temperature(self) -> float | None:
+        """The hottest GPU's temperature in °C; None without a reading."""
+        return None
+
 
 class FixedGpuProbe(GpuProbe):
     """A test double: answers what it is told."""
 
     name = "fixed (test)"
 
-    def __init__(self, busy: bool = False):
-        self.value = busy
+    def __init__(self, busy: bool = False, temperature: float | None = None):
+        self.value, self.temp = busy, temperature
 
     def busy(self, own_pids: set[int]) -> bool:
         return self.value
+
+    def temperature(self) -> float | None:
+        return self.temp
 
 
 class NvmlGpuProbe(GpuProbe):
@@ -73,6 +81,15 @@ class NvmlGpuProbe(GpuProbe):
                 return True
         return False
 
+    def temperature(self) -> float | None:
+        temps = []
+        for handle in self._handles:
+            try:
+                temps.append(float(self._nvml.nvmlDeviceGetTemperature(handle, self._nvml.NVML_TEMPERATURE_GPU)))
+            except self._nvml.NVMLError:
+                continue
+        return max(temps, default=None)
+
 
 def gpu_probe() -> GpuProbe:
     """NVML where an NVIDIA driver answers, else a probe that always says "not busy"."""
@@ -92,15 +109,15 @@ class Sampler:
         self.slow_period = slow_period
         self.threads = psutil.cpu_count(logical=True) or 1
         self._procs: dict[int, psutil.Process] = {}
-        self._slow: tuple[float, bool, float, bool, frozenset[str]] | None = None
+        self._slow: tuple[float, bool, float, bool, frozenset[str], float | None] | None = None
         self._cpu_times = psutil.cpu_times()
 
     def sample(self) -> Sample:
         now = time.monotonic()
         if self._slow is None or now - self._slow[0] >= self.slow_period:
             self._slow = (now, *self._sample_slow())
-        _, battery, other_cpu, gpu_busy, programs = self._slow
-        return Sample(self._idle(), battery, other_cpu, gpu_busy, programs, self.threads)
+        _, battery, other_cpu, gpu_busy, programs, gpu_temp = self._slow
+        return Sample(self._idle(), battery, other_cpu, gpu_busy, programs, self.threads, gpu_temp)
 
     def _idle(self) -> float | None:
         try:
@@ -128,7 +145,7 @@ class Sampler:
                 continue
         return pids
 
-    def _sample_slow(self) -> tuple[bool, float, bool, frozenset[str]]:
+    def _sample_slow(self) -> tuple[bool, float, bool, frozenset[str], float | None]:
         battery = psutil.sensors_battery() if hasattr(psutil, "sensors_battery") else None
         on_battery = battery is not None and battery.power_plugged is False
         own = self._own()
@@ -152,8 +169,8 @@ class Sampler:
             if proc.pid not in own and proc.info["name"]:
                 programs.add(proc.info["name"])
         try:
-            gpu_busy = self.gpu.busy(own)
+            gpu_busy, gpu_temp = self.gpu.busy(own), self.gpu.temperature()
         except Exception:  # a driver hiccup must not stop the policy loop
             logger.exception("GPU probe failed")
-            gpu_busy = False
-        return on_battery, other, gpu_busy, frozenset(programs)
+            gpu_busy, gpu_temp = False, None
+        return on_battery, other, gpu_busy, frozenset(programs), gpu_temp
