@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 # the worker's Error codes for an invite that does not (or no longer) work: the app leaves and says so
 INVITE_ERRORS = ("invite_missing", "invite_unknown", "invite_expired", "invite_revoked", "invite_used_up",
                  "invite_unconfigured")
-TICK_MS = 100  # how often the app samples idleness and re-decides (a pause lands within ~0.25 s)
+TICK_MS = 100  # how often the app samples idleness and re-decides (where no input events come)
 SLOW_MS = 30_000  # how often statistics and the swarm summary refresh
 MAX_LOG = 2000
 CATALOG_MS = 6 * 3600 * 1000  # how often the catalog sources are fetched again
@@ -74,6 +74,7 @@ class ControllerView(QObject):
     peer_id_changed = Signal(object)  # this volunteer's peer id
     quitting = Signal()
     notify = Signal(str, str)  # title, message: what the user should know now (the tray shows it)
+    input_seen = Signal()  # the idle source's watcher thread saw user input (delivered in this thread)
 
     prefs: Preferences
     prefs_problem: str | None
@@ -149,8 +150,9 @@ class Controller(ControllerView):
         supervisor.restart_scheduled.connect(self._on_restart_scheduled)
         supervisor.stats.connect(lambda s: self.contributor.on_stats(s.bytes_sent, s.bytes_received))
         self._tick = QTimer(self)
-        self._tick.timeout.connect(self.tick)
+        self._tick.timeout.connect(self._periodic_tick)
         self._tick.start(TICK_MS)
+        self.input_seen.connect(self.tick)  # decide at once: the pause need not wait for the next poll
         self._slow = QTimer(self)  # statistics and the swarm summary
         self._slow.timeout.connect(self.refresh_stats)
         self._slow.start(SLOW_MS)
@@ -213,6 +215,7 @@ class Controller(ControllerView):
 
     def _on_probes(self, probes) -> None:
         self.contributor.sampler.idle, self.contributor.sampler.gpu = probes
+        self.contributor.sampler.idle.watch(self.input_seen.emit)
         self.note("INFO", f"Idle detection: {self.idle_source_text()}")
         if self.hardware is not None:
             self.hardware_changed.emit(self.hardware)  # the Computer page shows the idle source with it
@@ -353,6 +356,14 @@ class Controller(ControllerView):
         """This app and its worker's process tree: their CPU is not "other programs'"."""
         worker = self.supervisor.worker
         return [os.getpid()] + ([worker.pid] if worker is not None and worker.pid else [])
+
+    def _periodic_tick(self) -> None:
+        self.tick()
+        if self.contributor.worker == "running":
+            # the idle source reports the next input at once (where it can): while the worker trains,
+            # that is when the user comes back. Armed here, not on input-driven ticks: at most once a
+            # tick, however fast the input comes while the policy keeps training.
+            self.contributor.sampler.idle.arm()
 
     def tick(self) -> None:
         """Ask the policy whether to contribute now and carry out what it says."""
@@ -520,6 +531,7 @@ class Controller(ControllerView):
         self._update_status()
         self._tick.stop()
         self._slow.stop()
+        self.contributor.sampler.idle.close()  # (its watcher thread holds a display connection)
         if self._data_server is not None:
             self._data_server.stop()
         self.supervisor.shutdown(lambda _result: self._finish_quit())

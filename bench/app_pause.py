@@ -168,7 +168,9 @@ def run_app(display: str, env: dict, trials: int, log, during_start: bool) -> li
                     time.sleep(random.uniform(0.0, 3.0))  # anywhere in a micro-batch, a round or a step
                     wait_training(main, 60)  # busy right now: a starved worker would look paused already
                 wall, t_input = time.time(), time.monotonic()
-                xdotool(display, "mousemove", str(random.randint(0, 1200)), str(random.randint(0, 700)))
+                # relative motion is device input, as a mouse makes (an absolute mousemove warps the
+                # pointer, which X reports to no input-event listener)
+                xdotool(display, "mousemove_relative", "--", str(random.randint(-40, 40)), str(random.randint(5, 40)))
                 latency = main.quiet_after(t_input, timeout=30)
                 whole = tree.quiet_after(t_input, timeout=30)
                 if latency is None:

@@ -59,7 +59,7 @@ Architecture: $ARCH
 Maintainer: DeDLOC Volunteer project <dedloc-volunteer@users.noreply.github.com>
 Installed-Size: $(du -sk --exclude=DEBIAN "$STAGE" | cut -f1)
 Depends: libc6 (>= ${GLIBC:-2.28}), libgl1, libegl1, libfontconfig1, libxkbcommon0, libdbus-1-3, libglib2.0-0
-Recommends: libxcb-cursor0, libxkbcommon-x11-0, libxcb-icccm4, libxcb-image0, libxcb-keysyms1, libxcb-randr0, libxcb-render-util0, libxcb-shape0, libxcb-xinerama0, libxcb-xkb1, libxss1
+Recommends: libxcb-cursor0, libxkbcommon-x11-0, libxcb-icccm4, libxcb-image0, libxcb-keysyms1, libxcb-randr0, libxcb-render-util0, libxcb-shape0, libxcb-xinerama0, libxcb-xkb1, libxss1, libxi6
 Section: science
 Priority: optional
 Homepage: https://github.com/learning-at-home/hivemind

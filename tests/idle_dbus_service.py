@@ -2,7 +2,8 @@
 for tests on machines without those desktops. Run: ``python idle_dbus_service.py BUS_ADDRESS NAME...``.
 
 Idle time is the time since start or since the last ``Poke`` call (interface ``test.Idle``, any
-path), which stands in for user input. Prints ``ready`` once it owns its names.
+path), which stands in for user input. Mutter's user-active watches (``AddUserActiveWatch``) fire
+``WatchFired`` at the next ``Poke`` and are dropped, as Mutter does. Prints ``ready`` once it owns its names.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import sys
 import time
 
-from jeepney import HeaderFields, MessageType, new_error, new_method_return
+from jeepney import DBusAddress, HeaderFields, MessageType, new_error, new_method_return, new_signal
 from jeepney.bus_messages import message_bus
 from jeepney.io.blocking import open_dbus_connection
 
 IDLE_AFTER = 1.0  # logind: the session counts as idle after this many seconds without input
+MUTTER = DBusAddress("/org/gnome/Mutter/IdleMonitor/Core", interface="org.gnome.Mutter.IdleMonitor")
 
 
 def main(address: str, names: list[str]) -> None:
@@ -25,6 +27,8 @@ def main(address: str, names: list[str]) -> None:
             sys.exit(f"could not own {name}")
     last_input = time.monotonic()
     last_input_wall = time.time()
+    watches: list[int] = []  # Mutter's user-active watches, fired at the next input
+    next_watch = 1
     print("ready", flush=True)
     while True:
         msg = conn.receive()
@@ -36,7 +40,14 @@ def main(address: str, names: list[str]) -> None:
         idle_ms = int((time.monotonic() - last_input) * 1000)
         if interface == "test.Idle" and member == "Poke":
             last_input, last_input_wall = time.monotonic(), time.time()
+            for watch in watches:
+                conn.send(new_signal(MUTTER, "WatchFired", "u", (watch,)))
+            watches.clear()
             conn.send(new_method_return(msg))
+        elif member == "AddUserActiveWatch":  # Mutter
+            watches.append(next_watch)
+            conn.send(new_method_return(msg, "u", (next_watch,)))
+            next_watch += 1
         elif member == "GetIdletime":  # Mutter
             conn.send(new_method_return(msg, "t", (idle_ms,)))
         elif member == "GetSessionIdleTime":  # KDE, freedesktop

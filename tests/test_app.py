@@ -392,7 +392,8 @@ def test_a_pause_while_the_worker_starts_takes_effect_at_once(make_app, qtbot, h
 def test_the_worker_runs_while_away_and_pauses_when_the_user_returns(
         make_app, qtbot, home, signed_catalog_server, spawn_worker, monkeypatch):
     """The policy through the app on a real X server: present (recent input) -> nothing starts;
-    30 s without input -> the worker trains; a mouse move -> paused within about a second."""
+    30 s without input -> the worker trains; a mouse move -> paused within about a second, through
+    the X server's input events."""
     from conftest import APP_SWARM_BATCH, start_command
     from desktop import need, xvfb
 
@@ -429,10 +430,16 @@ def _run_away_and_return(app, qtbot, display: str) -> None:
 
     qtbot.waitUntil(lambda: app.controller.status.state == "training" and app.controller.last_progress is not None,
                     timeout=240000)
+    # The pause comes from the input event itself (XInput 2), not from the next poll: with the
+    # app's periodic tick stopped, only the idle source's watcher can bring it.
+    assert "input events" in app.controller.idle_source
+    app.controller._tick.stop()
+    qtbot.wait(300)  # (the last periodic tick armed the watcher)
     returned = time.monotonic()
-    xdotool(display, "mousemove", "300", "200")
+    xdotool(display, "mousemove_relative", "--", "30", "20")  # device motion, as a mouse makes
     qtbot.waitUntil(lambda: app.controller.worker_state.state == "paused", timeout=5000)
     took = time.monotonic() - returned
+    app.controller._tick.start()
     assert app.controller.status.text == "Paused: you are using the computer"
     assert took < 2.0, f"the worker paused {took:.2f} s after the user came back"
 

@@ -46,6 +46,43 @@ def test_x11_idle_grows_and_input_resets_it(xdisplay):
 
 
 @pytest.mark.slow  # an X server
+def test_x11_input_events_reach_an_armed_watcher_once(xdisplay):
+    """XInput 2 raw events: the first input after ``arm()`` calls back at once (no poll between),
+    then the watcher is disarmed until armed again."""
+    import threading
+
+    need("xdotool")
+    source = idle.X11Idle()
+    calls: list[float] = []
+    heard = threading.Event()
+
+    def on_input():
+        calls.append(time.monotonic())
+        heard.set()
+
+    try:  # (a watcher left open when Xvfb stops: Xlib exits the process)
+        assert source.watch(on_input) and "input events" in source.name
+        xdotool(xdisplay, "mousemove_relative", "10", "10")  # relative: device motion, as a mouse makes
+        time.sleep(0.5)
+        assert calls == []  # not armed: nothing
+        for move in (("mousemove_relative", "30", "20"), ("key", "a"), ("click", "1")):
+            heard.clear()
+            source.arm()
+            time.sleep(0.2)  # the watcher thread selects the events
+            sent = time.monotonic()
+            xdotool(xdisplay, *move)
+            assert heard.wait(2), f"no call after {move}"
+            assert calls[-1] - sent < 0.5
+            count = len(calls)
+            xdotool(xdisplay, "mousemove_relative", "5", "6")
+            time.sleep(0.3)
+            assert len(calls) == count  # disarmed after one call
+    finally:
+        source.close()
+    assert not any(t.name == "x11-input" for t in threading.enumerate())
+
+
+@pytest.mark.slow  # an X server
 def test_detect_picks_x11_when_a_display_answers(xdisplay, monkeypatch):
     monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
@@ -104,6 +141,41 @@ def test_dbus_idle_time_grows_and_input_resets_it(dbus_idle_service, cls):
     poke(dbus_idle_service)
     assert source.seconds() < 0.2
     source.close()
+
+
+def test_mutter_user_active_watch_calls_an_armed_watcher_once(dbus_idle_service):
+    """GNOME: Mutter's one-shot user-active watch (AddUserActiveWatch, then WatchFired at the next
+    input) reaches the watcher's callback; unarmed, input calls nothing."""
+    import threading
+
+    source = idle.MutterIdle(bus=dbus_idle_service)
+    heard = threading.Event()
+    calls = []
+
+    def on_input():
+        calls.append(time.monotonic())
+        heard.set()
+
+    try:
+        assert source.watch(on_input) and "input events" in source.name
+        poke(dbus_idle_service)
+        time.sleep(0.3)
+        assert calls == []  # not armed
+        for _ in range(2):
+            heard.clear()
+            source.arm()
+            source.arm()  # armed already: no second watch
+            sent = time.monotonic()
+            poke(dbus_idle_service)
+            assert heard.wait(2)
+            assert calls[-1] - sent < 0.5
+            count = len(calls)
+            poke(dbus_idle_service)
+            time.sleep(0.3)
+            assert len(calls) == count  # the watch fired once and is gone
+    finally:
+        source.close()
+    assert not any(t.name == "mutter-input" for t in threading.enumerate())
 
 
 def test_logind_idle_hint(dbus_idle_service):

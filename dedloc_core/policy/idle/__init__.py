@@ -4,6 +4,7 @@ The code is organized as follows:
 
 - ``base``: the ``IdleSource`` interface and ``NullIdle`` (no source: schedule-only contribution).
 - ``x11``: the XScreenSaver extension (``libXss``) through ctypes; X11 and XWayland sessions.
+- ``x11_input``: XInput 2 raw events (``libXi``) in a thread: input as it happens, for a fast pause.
 - ``dbus``: GNOME Mutter's ``IdleMonitor``, ``org.freedesktop.ScreenSaver.GetSessionIdleTime``,
   KDE's screensaver and logind's ``IdleHint``, over D-Bus with jeepney (pure Python).
 - ``windows``: ``GetLastInputInfo`` (user32) through ctypes.

@@ -1,6 +1,7 @@
 """Idle time over D-Bus (Wayland and other desktops without X11 idle time), with jeepney.
 
-- ``MutterIdle``: GNOME (Mutter), ``org.gnome.Mutter.IdleMonitor.GetIdletime`` (milliseconds).
+- ``MutterIdle``: GNOME (Mutter), ``org.gnome.Mutter.IdleMonitor.GetIdletime`` (milliseconds), and
+  its ``AddUserActiveWatch`` for input as it happens.
 - ``KdeIdle``: KDE Plasma's ``org.kde.screensaver`` ``GetSessionIdleTime`` (milliseconds).
 - ``FreedesktopScreenSaverIdle``: ``org.freedesktop.ScreenSaver.GetSessionIdleTime`` as KDE and
   others implement it (milliseconds; GNOME Shell answers "not supported", so it is skipped there).
@@ -13,9 +14,14 @@ a query that fails or takes longer than ``TIMEOUT`` gives None ("cannot tell").
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections.abc import Callable
 
 from .base import IdleSource, IdleUnavailable
+
+logger = logging.getLogger(__name__)
 
 TIMEOUT = 0.2
 
@@ -75,6 +81,86 @@ class MutterIdle(_MillisecondsSource):
     path = "/org/gnome/Mutter/IdleMonitor/Core"
     interface = "org.gnome.Mutter.IdleMonitor"
     method = "GetIdletime"
+    _router = None
+
+    def __init__(self, bus: str | None = None):
+        super().__init__(bus)
+        self._bus_for_watch = bus or self.bus
+        self._watch_id: int | None = None  # Mutter's one-shot user-active watch, while armed
+
+    def watch(self, on_input: Callable[[], None]) -> bool:
+        """Mutter's ``AddUserActiveWatch``: it signals ``WatchFired`` at the first input, then drops
+        the watch. The signal is read by a thread of jeepney's router (a connection of its own)."""
+        from jeepney import MatchRule
+        from jeepney.bus_messages import message_bus
+        from jeepney.io.threading import DBusRouter, open_dbus_connection
+
+        if self._router is not None:
+            return True
+        router = None
+        try:
+            router = DBusRouter(open_dbus_connection(bus=self._bus_for_watch))
+            rule = MatchRule(type="signal", interface=self.interface, member="WatchFired", path=self.path)
+            router.send_and_get_reply(message_bus.AddMatch(rule), timeout=TIMEOUT)
+        except Exception as exc:  # no bus, a refused match: the poll still decides
+            logger.info("No user-active watch from Mutter (%s): the idle time is polled only", exc)
+            if router is not None:
+                router.close()
+                router.conn.close()
+            return False
+        self._router, self._fired, self._on_input = router, router.filter(rule, bufsize=16), on_input
+        self._lock, self._early = threading.Lock(), set()
+        self._thread = threading.Thread(target=self._listen, name="mutter-input", daemon=True)
+        self._thread.start()
+        self.name += ", input events"
+        return True
+
+    def arm(self) -> None:
+        from jeepney import new_method_call
+
+        if self._router is None or self._watch_id is not None:
+            return
+        try:
+            reply = self._router.send_and_get_reply(new_method_call(self._address, "AddUserActiveWatch"),
+                                                    timeout=TIMEOUT)
+            watch_id = int(reply.body[0])
+        except Exception:  # an old Mutter, a slow bus: the poll decides
+            logger.debug("AddUserActiveWatch failed", exc_info=True)
+            return
+        with self._lock:
+            fired = watch_id in self._early  # input came before the reply did
+            self._early.discard(watch_id)
+            self._watch_id = None if fired else watch_id
+        if fired:
+            self._on_input()
+
+    def _listen(self) -> None:
+        while True:
+            msg = self._fired.queue.get()
+            if msg is None:  # closed
+                return
+            fired_id = msg.body[0] if msg.body else None
+            with self._lock:
+                fired = fired_id is not None and fired_id == self._watch_id
+                if fired:
+                    self._watch_id = None  # Mutter dropped it on firing
+                elif fired_id is not None:
+                    self._early = {*list(self._early)[-7:], fired_id}
+            if fired:
+                try:
+                    self._on_input()
+                except Exception:  # the caller's bug: keep listening
+                    logger.exception("Input callback failed")
+
+    def close(self) -> None:
+        if self._router is not None:
+            self._fired.queue.put(None)
+            self._thread.join(2)
+            self._fired.close()
+            self._router.close()
+            self._router.conn.close()
+            self._router = None
+        super().close()
 
 
 class KdeIdle(_MillisecondsSource):

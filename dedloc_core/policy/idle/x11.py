@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import logging
 import os
+from collections.abc import Callable
 
-from .base import IdleSource, IdleUnavailable
+from .base import IdleSource, IdleUnavailable, load_library
+
+logger = logging.getLogger(__name__)
 
 
 class _XScreenSaverInfo(ctypes.Structure):
@@ -20,18 +23,6 @@ class _XScreenSaverInfo(ctypes.Structure):
     ]
 
 
-def _load(names: list[str]) -> ctypes.CDLL:
-    for name in names:
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    found = ctypes.util.find_library(names[0].split(".")[0].removeprefix("lib"))
-    if found:
-        return ctypes.CDLL(found)
-    raise IdleUnavailable(f"{names[0]} is not installed")
-
-
 class X11Idle(IdleSource):
     """The X server's idle time (XScreenSaver extension). Needs ``DISPLAY`` and libXss."""
 
@@ -39,8 +30,8 @@ class X11Idle(IdleSource):
         display = display or os.environ.get("DISPLAY")
         if not display:
             raise IdleUnavailable("no X display")
-        self._x = _load(["libX11.so.6", "libX11.dylib"])
-        self._xss = _load(["libXss.so.1", "libXss.dylib"])
+        self._x = load_library(["libX11.so.6", "libX11.dylib"])
+        self._xss = load_library(["libXss.so.1", "libXss.dylib"])
         self._x.XOpenDisplay.restype = ctypes.c_void_p
         self._x.XOpenDisplay.argtypes = [ctypes.c_char_p]
         self._x.XDefaultRootWindow.restype = ctypes.c_ulong
@@ -61,7 +52,25 @@ class X11Idle(IdleSource):
             raise IdleUnavailable(f"X display {display} lacks the MIT-SCREEN-SAVER extension")
         self._root = self._x.XDefaultRootWindow(self._dpy)
         self._info = self._xss.XScreenSaverAllocInfo()
+        self._display, self._watcher = display, None
         self.name = f"X11 screensaver extension ({display})"
+
+    def watch(self, on_input: Callable[[], None]) -> bool:
+        """XInput 2 raw events, read by a thread (``x11_input.InputWatcher``)."""
+        from .x11_input import InputWatcher
+
+        if self._watcher is None:
+            try:
+                self._watcher = InputWatcher(self._x, self._display, on_input)
+            except IdleUnavailable as exc:
+                logger.info("No input events from X11 (%s): the idle time is polled only", exc)
+                return False
+            self.name += ", input events"
+        return True
+
+    def arm(self) -> None:
+        if self._watcher is not None:
+            self._watcher.arm()
 
     def seconds(self) -> float | None:
         if not self._dpy:
@@ -71,6 +80,9 @@ class X11Idle(IdleSource):
         return self._info.contents.idle / 1000.0
 
     def close(self) -> None:
+        if getattr(self, "_watcher", None) is not None:
+            self._watcher.close()
+            self._watcher = None
         if getattr(self, "_info", None):
             self._x.XFree(self._info)
             self._info = None
