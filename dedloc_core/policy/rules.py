@@ -49,9 +49,8 @@ def decide(inputs: Inputs, prefs: Preferences) -> Decision:
     """Run or pause, with a reason a person understands and the limits to run within."""
     now = inputs.now
     in_use = inputs.idle_seconds is None or inputs.idle_seconds < prefs.idle_minutes * 60
-    limits = _limits(inputs, prefs, in_use)
-
     hot = gpu_too_hot(inputs, prefs)
+    limits = _limits(inputs, prefs, in_use, hot)
 
     def pause(reason: str) -> Decision:
         return Decision(False, reason, limits, in_use, hot)
@@ -101,10 +100,10 @@ def gpu_too_hot(inputs: Inputs, prefs: Preferences) -> bool:
     return temp >= limit or (inputs.gpu_cooling and temp > limit - GPU_COOL_C)
 
 
-def _limits(inputs: Inputs, prefs: Preferences, in_use: bool) -> Limits:
+def _limits(inputs: Inputs, prefs: Preferences, in_use: bool, hot: bool) -> Limits:
     share = prefs.cpu_share_in_use if in_use else prefs.cpu_share_idle
     gpu_snoozed = inputs.gpu_snoozed_until is not None and inputs.now < inputs.gpu_snoozed_until
-    use_gpu = (prefs.use_gpu and not gpu_snoozed and not inputs.gpu_busy and not gpu_too_hot(inputs, prefs)
+    use_gpu = (prefs.use_gpu and not gpu_snoozed and not inputs.gpu_busy and not hot
                and (prefs.gpu_while_in_use or not in_use))
     return Limits(
         cpu_threads=max(1, round(max(1, inputs.threads) * share / 100)),

@@ -14,6 +14,7 @@ a query that fails or takes longer than ``TIMEOUT`` gives None ("cannot tell").
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -109,7 +110,7 @@ class MutterIdle(_MillisecondsSource):
                 router.conn.close()
             return False
         self._router, self._fired, self._on_input = router, router.filter(rule, bufsize=16), on_input
-        self._lock, self._early = threading.Lock(), set()
+        self._lock, self._early = threading.Lock(), collections.deque(maxlen=8)  # fired before arm() saw its id
         self._thread = threading.Thread(target=self._listen, name="mutter-input", daemon=True)
         self._thread.start()
         self.name += ", input events"
@@ -129,7 +130,6 @@ class MutterIdle(_MillisecondsSource):
             return
         with self._lock:
             fired = watch_id in self._early  # input came before the reply did
-            self._early.discard(watch_id)
             self._watch_id = None if fired else watch_id
         if fired:
             self._on_input()
@@ -145,7 +145,7 @@ class MutterIdle(_MillisecondsSource):
                 if fired:
                     self._watch_id = None  # Mutter dropped it on firing
                 elif fired_id is not None:
-                    self._early = {*list(self._early)[-7:], fired_id}
+                    self._early.append(fired_id)
             if fired:
                 try:
                     self._on_input()
