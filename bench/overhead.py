@@ -7,21 +7,23 @@
 albert for masked-lm) on token shards that ``dedloc data prepare`` makes of the shipped corpus first;
 ``--model`` JSON is merged into the prepared entry's recipe_params (``config`` key by key).
 
-Two phases on the same machine, one after the other, each with two processes of one torch thread
-(a two-peer swarm on a 2-core machine keeps both cores busy, so the bare side does too):
+Two phases on the same machine, each with two processes of one torch thread (a two-peer swarm on a
+2-core machine keeps both cores busy, so the bare side does too), all started once and run in turns:
+slices of ``--seconds / --slices`` seconds, A B B A A B ..., the other phase stopped (SIGSTOP, the
+whole process group of each worker) meanwhile, each slice counted after ``SETTLE_S`` of running. A
+drift of the machine's speed over the run then weighs on both phases alike.
 
-1. bare: two copies of a plain torch loop (forward, backward, optimizer step every
-   target_batch/batch micro-batches, like hivemind's local accumulation), each in its own
-   subprocess, run side by side. Each measures its samples/s over the steady window (between two
-   step boundaries), its PSS at the end of the window and the CPU of its non-main threads.
+1. bare: a plain torch loop (forward, backward, optimizer step every target_batch/batch
+   micro-batches, like hivemind's local accumulation) per subprocess, printing its samples after
+   every micro-batch.
 2. swarm: two real workers (``dedloc_core.engine.worker`` through ``WorkerProcess``), the first the other's
    initial peer, training the same model on the same micro-batch with a target batch so large
-   that the window is pure gradient accumulation. The corpus is served over HTTP on loopback.
-   Samples/s comes from the workers' cumulative ``stats`` events (sent right after a micro-batch,
-   so their arrival times are step boundaries); memory is the PSS of one worker's whole process
-   tree (python, its forked averager processes, p2pd: whatever the worker runs); background CPU is
-   the CPU time, over the window, of every descendant plus the worker process's non-main threads,
-   divided by the window's wall time.
+   that the run is pure gradient accumulation. The corpus is served over HTTP on loopback.
+   Samples come from the workers' cumulative ``stats`` events (sent right after a micro-batch).
+
+Per phase: samples/s over its slices, the PSS of the first process's whole tree (the worker's: python,
+its forked averager processes, p2pd), and background CPU: the CPU time of every descendant plus the
+process's non-main threads, over the slices' wall time.
 
 The last line is ``overhead ratio: X`` with X = swarm samples/s / bare samples/s (means of the two
 processes of each phase). Targets (bench/README.md): X >= 0.95, memory <= 1.5x, background <= 0.1.
@@ -30,9 +32,11 @@ processes of each phase). Targets (bench/README.md): X >= 0.95, memory <= 1.5x, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +51,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 TARGET_BATCH = 10_000_000  # never reached in the window: the swarm only accumulates
+SETTLE_S = 1.5  # seconds a phase runs after it was stopped before its slice counts (caches, timers)
 
 
 def recipe_params(args: argparse.Namespace) -> dict:
@@ -93,8 +98,9 @@ def parse_model(spec: str) -> dict:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seconds", type=float, default=60.0, help="length of each measured window (default 60)")
-    p.add_argument("--warmup", type=float, default=20.0, help="seconds of training before each window (default 20)")
+    p.add_argument("--seconds", type=float, default=60.0, help="measured seconds per phase (default 60)")
+    p.add_argument("--slices", type=int, default=6, help="slices per phase, interleaved (default 6)")
+    p.add_argument("--warmup", type=float, default=20.0, help="seconds the swarm trains before the slices (default 20)")
     p.add_argument("--recipe", choices=("tiny-lm", "causal-lm", "masked-lm"), default="tiny-lm",
                    help="tiny-lm (default) or a declared transformers model")
     p.add_argument("--model", default=None,
@@ -204,7 +210,8 @@ def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
 
 
 def bare_child(args: argparse.Namespace) -> int:
-    """One bare torch loop: the worker's loop without hivemind. Prints one JSON line."""
+    """One bare torch loop: the worker's loop without hivemind. Prints a JSON line with the model's
+    size, then ``monotonic samples`` after every micro-batch, until killed."""
     import torch
 
     torch.set_num_threads(args.threads)
@@ -219,13 +226,9 @@ def bare_child(args: argparse.Namespace) -> int:
     opt = recipe.build_optimizer(model.parameters())
     batches = recipe.batches(sorted(args.data.glob("shard-*.npy")) if args.data else [], args.batch, seed=args.seed)
     accumulate = max(1, TARGET_BATCH // args.batch)
-    me = psutil.Process()
-    began = time.monotonic()
-    window_start = began + args.warmup
-    window_end = window_start + args.seconds
+    print(json.dumps({"params": sum(p.numel() for p in model.parameters()),
+                      "dynamo": "torch._dynamo.config" in sys.modules}), flush=True)
     samples = steps = 0
-    t0 = s0 = None
-    cpu0: dict[int, float] = {}
     loss_ema = None
     while True:
         batch = next(batches)
@@ -238,71 +241,49 @@ def bare_child(args: argparse.Namespace) -> int:
         samples += args.batch
         value = float(loss.detach())
         loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
-        now = time.monotonic()
-        if t0 is None and now >= window_start:
-            t0, s0, cpu0 = now, samples, background_cpu(me.pid)
-            main0 = main_thread_cpu(me.pid)
-        if t0 is not None and now >= window_end:
-            break
-    wall = now - t0
-    pss, rss, each = pss_bytes([me])
-    print(
-        json.dumps(
-            {
-                "sps": (samples - s0) / wall,
-                "pss": pss,
-                "uss": each[0][3],
-                "rss": rss,
-                "background_cores": cpu_delta(cpu0, background_cpu(me.pid)) / wall,
-                "main_cores": (main_thread_cpu(me.pid) - main0) / wall,
-                "loss": loss_ema,
-                "params": sum(p.numel() for p in model.parameters()),
-                "dynamo": "torch._dynamo.config" in sys.modules,
-            }
-        ),
-        flush=True,
-    )
-    return 0
+        print(f"{time.monotonic():.4f} {samples}", flush=True)
 
 
-def run_bare(args: argparse.Namespace) -> list[dict]:
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--bare-child",
-        "--seconds",
-        str(args.seconds),
-        "--warmup",
-        str(args.warmup),
-        "--recipe",
-        args.recipe,
-        *(["--model", args.model] if args.model else []),
-        *(["--data", str(args.data)] if args.data else []),
-        "--batch",
-        str(args.batch),
-        "--threads",
-        str(args.threads),
-        *(["--bare-stand-in"] if args.bare_stand_in else []),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    procs = [
-        subprocess.Popen(cmd + ["--seed", str(i + 1)], stdout=subprocess.PIPE, text=True, env=env)
-        for i in range(args.peers)
-    ]
-    # the children's windows start after their imports and warm-up; meter most of it while they
-    # all still run (an exited child's CPU time can no longer be read)
-    time.sleep(args.warmup + 5)
-    meter = LoadMeter()
-    time.sleep(max(1.0, args.seconds - 5))
-    results_load = meter.cores()
-    results = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=args.warmup + args.seconds + 300)
-        if proc.returncode != 0:
-            raise SystemExit(f"bare loop failed with exit code {proc.returncode}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    results[0]["external_cores"] = results_load
-    return results
+class BareLoop:
+    """A bare child and the (monotonic, cumulative samples) pairs it prints."""
+
+    def __init__(self, args: argparse.Namespace, seed: int):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--bare-child", "--recipe", args.recipe,
+               *(["--model", args.model] if args.model else []), *(["--data", str(args.data)] if args.data else []),
+               "--batch", str(args.batch), "--threads", str(args.threads), "--seed", str(seed),
+               *(["--bare-stand-in"] if args.bare_stand_in else [])]
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        self.pid = self.proc.pid
+        self.info: dict = {}
+        self.stats: list[tuple[float, int]] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.info = json.loads(line)
+                self.ready.set()
+            else:
+                t, n = line.split()
+                self.stats.append((float(t), int(n)))
+        self.ready.set()
+
+    def samples(self, t0: float, t1: float) -> tuple[int, float]:
+        return samples_between(self.stats, t0, t1)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def samples_between(stats: list[tuple[float, int]], t0: float, t1: float) -> tuple[int, float]:
+    """(samples, seconds) between the first micro-batch end at or after t0 and the last at or before t1."""
+    window = [(t, n) for t, n in list(stats) if t0 <= t <= t1]
+    if len(window) < 2:
+        return 0, 0.0
+    return window[-1][1] - window[0][1], window[-1][0] - window[0][0]
 
 
 # ---- phase 2: the two-peer swarm -----------------------------------------------------------------
@@ -311,6 +292,7 @@ def run_bare(args: argparse.Namespace) -> list[dict]:
 class WorkerView:
     def __init__(self, name: str):
         self.name = name
+        self.worker = None  # its WorkerProcess
         self.lock = threading.Lock()
         self.state = "starting"
         self.maddrs: list[str] = []
@@ -339,14 +321,9 @@ class WorkerView:
                 if event.fatal:
                     self.training.set()
 
-    def rate(self, t0: float, t1: float) -> float:
-        """Samples/s between the first stats event at or after t0 and the last at or before t1."""
+    def samples(self, t0: float, t1: float) -> tuple[int, float]:
         with self.lock:
-            window = [(t, s) for t, s in self.stats if t0 <= t <= t1]
-        if len(window) < 2:
-            return float("nan")
-        (ta, sa), (tb, sb) = window[0], window[-1]
-        return (sb - sa) / (tb - ta)
+            return samples_between(self.stats, t0, t1)
 
 
 def experiment(args: argparse.Namespace) -> dict:
@@ -385,7 +362,8 @@ def ready_line(log: Path) -> str:
     return found.group(1) if found else "not logged"
 
 
-def run_swarm(args: argparse.Namespace, root: Path) -> dict:
+def start_swarm(args: argparse.Namespace, root: Path, stack: contextlib.ExitStack) -> list[WorkerView]:
+    """Two (``--peers``) real workers, the first the others' initial peer, training; stopped with ``stack``."""
     from importlib import resources
 
     from dedloc_core.organizer.httpserve import FileServer
@@ -393,75 +371,83 @@ def run_swarm(args: argparse.Namespace, root: Path) -> dict:
     from dedloc_core.workerproc import WorkerProcess
 
     exp = experiment(args)
-    workers: list[WorkerProcess] = []
     views: list[WorkerView] = []
-    with resources.as_file(resources.files("resources").joinpath("corpus")) as corpus:
-        server = FileServer()
-        server.serve_dir("/data/", args.data or Path(corpus))
-        with server:
+    corpus = stack.enter_context(resources.as_file(resources.files("resources").joinpath("corpus")))
+    server = FileServer()
+    server.serve_dir("/data/", args.data or Path(corpus))
+    stack.enter_context(server)
+    for i in range(args.peers):
+        home = root / f"peer{i}"
+        home.mkdir(parents=True, exist_ok=True)
+        view = WorkerView(f"peer{i}")
+        worker = WorkerProcess(env={**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_LOG_LEVEL": "INFO"},
+                               stderr=open(home / "worker.log", "w"), on_event=view.on_event)  # closed with it
+        worker.start()
+        stack.callback(worker.stop, timeout=20)
+        view.worker = worker
+        views.append(view)
+        worker.send(Start(experiment=exp, initial_peers=views[0].maddrs if i > 0 else [], data_base_url=server.url,
+                          identity_path=str(home / "identity.key"), seed=i + 1,
+                          limits=Limits(cpu_threads=args.threads)))
+        if not view.training.wait(180) or view.errors:
+            raise SystemExit(f"{view.name} did not start training: {view.errors or view.state}; "
+                             f"see {home / 'worker.log'}")
+    return views
+
+
+class Phase:
+    """One side of the comparison: processes to run or stop together, and what its slices measured."""
+
+    def __init__(self, name: str, pids: list[int], counters: list):
+        self.name, self.pids, self.counters = name, pids, counters
+        self.samples = [0] * len(counters)
+        self.seconds = [0.0] * len(counters)
+        self.wall = self.main = self.background = self.external = 0.0
+        self.by_key: dict[int, float] = {}
+        self.memory: tuple[int, int, list] = (0, 0, [])
+
+    def signal(self, sig: int) -> None:
+        for pid in self.pids:
             try:
-                for i in range(args.peers):
-                    home = root / f"peer{i}"
-                    home.mkdir(parents=True, exist_ok=True)
-                    view = WorkerView(f"peer{i}")
-                    worker = WorkerProcess(
-                        env={**os.environ, "DEDLOC_HOME": str(home), "DEDLOC_LOG_LEVEL": "INFO"},
-                        stderr=open(home / "worker.log", "w"),  # closed with the process
-                        on_event=view.on_event,
-                    )
-                    worker.start()
-                    workers.append(worker)
-                    views.append(view)
-                    peers = views[0].maddrs if i > 0 else []
-                    worker.send(
-                        Start(
-                            experiment=exp,
-                            initial_peers=peers,
-                            data_base_url=server.url,
-                            identity_path=str(home / "identity.key"),
-                            seed=i + 1,
-                            limits=Limits(cpu_threads=args.threads),
-                        )
-                    )
-                    if not view.training.wait(180) or view.errors:
-                        raise SystemExit(
-                            f"{view.name} did not start training: {view.errors or view.state}; "
-                            f"see {home / 'worker.log'}"
-                        )
-                print(f"  swarm up ({args.peers} peers); warming up {args.warmup:.0f} s …", flush=True)
-                time.sleep(args.warmup)
-                pid = workers[0].pid
-                t0 = time.monotonic()
-                meter = LoadMeter()
-                cpu0, main0 = background_cpu(pid), main_thread_cpu(pid)
-                time.sleep(args.seconds / 2)
-                mid = pss_bytes(tree(pid))
-                time.sleep(args.seconds / 2)
-                t1 = time.monotonic()
-                external = meter.cores()
-                cpu1, main1 = background_cpu(pid), main_thread_cpu(pid)
-                end = pss_bytes(tree(pid))
-                procs = {p.pid: p.name() for p in tree(pid)}
-                memory = max(mid, end, key=lambda m: m[0])
-                errors = [e for v in views for e in v.errors]
-                num_peers = views[0].progress.num_peers if views[0].progress else 0
-                return {
-                    "sps": [v.rate(t0, t1) for v in views],
-                    "pss": memory[0],
-                    "rss": memory[1],
-                    "memory": memory[2],
-                    "processes": procs,
-                    "background_cores": cpu_delta(cpu0, cpu1) / (t1 - t0),
-                    "background_by_key": {k: (cpu1[k] - cpu0.get(k, 0.0)) / (t1 - t0) for k in cpu1},
-                    "main_cores": (main1 - main0) / (t1 - t0),
-                    "num_peers": num_peers,
-                    "external_cores": external,
-                    "errors": [f"{e.title}: {e.message}" for e in errors],
-                    "ready": ready_line(root / "peer0" / "worker.log"),
-                }
-            finally:
-                for worker in workers:
-                    worker.stop(timeout=20)
+                os.killpg(os.getpgid(pid), sig) if self.name == "swarm" else os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def run_slice(self, settle: float, seconds: float) -> None:
+        """Run alone for ``settle`` + ``seconds`` and add the last ``seconds``' figures; stopped after."""
+        self.signal(signal.SIGCONT)
+        time.sleep(settle)
+        first = self.pids[0]
+        t0, meter, cpu0, main0 = time.monotonic(), LoadMeter(), background_cpu(first), main_thread_cpu(first)
+        time.sleep(seconds)
+        t1 = time.monotonic()
+        cpu1 = background_cpu(first)
+        self.main += main_thread_cpu(first) - main0
+        self.background += cpu_delta(cpu0, cpu1)
+        for k, v in cpu1.items():
+            self.by_key[k] = self.by_key.get(k, 0.0) + v - cpu0.get(k, 0.0)
+        self.external += meter.cores() * (t1 - t0)
+        self.wall += t1 - t0
+        self.memory = max(self.memory, pss_bytes(tree(first)), key=lambda m: m[0])
+        self.processes = {q.pid: q.name() for q in tree(first)}
+        self.signal(signal.SIGSTOP)
+        time.sleep(0.3)  # the last stats events of the slice arrive
+        for i, counter in enumerate(self.counters):
+            n, dt = counter.samples(t0, t1)
+            self.samples[i] += n
+            self.seconds[i] += dt
+
+    def sps(self) -> list[float]:
+        return [n / dt if dt else float("nan") for n, dt in zip(self.samples, self.seconds, strict=True)]
+
+
+def order(slices: int, phases: list[Phase]) -> list[Phase]:
+    """A B B A A B ...: each phase as often early as late in the run, so a drift of the machine's
+    speed over the run weighs on both alike."""
+    if len(phases) == 1:
+        return phases * slices
+    a, b = phases
+    return [(a, b, b, a)[i % 4] for i in range(2 * slices)]
 
 
 # ---- report ---------------------------------------------------------------------------------------
@@ -482,27 +468,49 @@ def main(argv=None) -> int:
 def measure(args: argparse.Namespace, began: float) -> int:
     params = recipe_params(args)
     model = args.model or "d256x4" if args.recipe == "tiny-lm" else params.get("family")
+    slice_s = args.seconds / args.slices
     print(
         f"overhead bench: {args.recipe} {model}, micro-batch {args.batch}, {args.threads} thread(s) per process, "
-        f"{args.peers} processes per phase, window {args.seconds:.0f} s after {args.warmup:.0f} s warm-up",
+        f"{args.peers} processes per phase, {args.seconds:.0f} s per phase in {args.slices} slices of "
+        f"{slice_s:.0f} s, interleaved, after {args.warmup:.0f} s warm-up",
         flush=True,
     )
-    bare = swarm = None
-    if args.phase in ("both", "bare"):
-        print("phase 1: bare torch loops …", flush=True)
-        bare = run_bare(args)
-    if args.phase in ("both", "swarm"):
-        print("phase 2: swarm of workers …", flush=True)
-        if args.keep:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            swarm = run_swarm(args, args.keep)
-        else:
-            with tempfile.TemporaryDirectory(prefix="dedloc-overhead-") as tmp:
-                swarm = run_swarm(args, Path(tmp))
-    report(bare, swarm)
+    phases: list[Phase] = []
+    with contextlib.ExitStack() as stack:
+        if args.phase in ("both", "bare"):
+            bare = [BareLoop(args, seed=i + 1) for i in range(args.peers)]
+            for loop in bare:
+                stack.callback(loop.stop)
+            for loop in bare:
+                if not loop.ready.wait(180) or not loop.info:
+                    raise SystemExit(f"the bare loop failed (exit code {loop.proc.poll()})")
+            phases.append(Phase("bare", [loop.pid for loop in bare], bare))
+            phases[-1].info = bare[0].info
+            phases[-1].signal(signal.SIGSTOP)
+        if args.phase in ("both", "swarm"):
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+            root = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dedloc-overhead-")))
+            views = start_swarm(args, root, stack)
+            phases.append(Phase("swarm", [v.worker.pid for v in views], views))
+            phases[-1].views, phases[-1].root = views, root
+            print(f"  swarm up ({args.peers} peers); warming up {args.warmup:.0f} s …", flush=True)
+            time.sleep(args.warmup)
+            phases[-1].signal(signal.SIGSTOP)
+        if len(phases) == 2:  # the bare loops' first micro-batches
+            phases[0].signal(signal.SIGCONT)
+            time.sleep(min(args.warmup, 5.0))
+            phases[0].signal(signal.SIGSTOP)
+        for i, phase in enumerate(order(args.slices, phases)):
+            phase.run_slice(SETTLE_S, slice_s)
+            print(f"  slice {i + 1:2} {phase.name:5} {mean(phase.sps()):.2f} samples/s so far", flush=True)
+        for phase in phases:
+            phase.signal(signal.SIGCONT)  # stopping needs running processes
+        found = {p.name: p for p in phases}
+        report(found.get("bare"), found.get("swarm"))
     print(f"bench wall time                   {time.monotonic() - began:.0f} s")
-    if bare and swarm:
-        print(f"overhead ratio: {mean(swarm['sps']) / mean([b['sps'] for b in bare]):.3f}")
+    if len(phases) == 2:
+        print(f"overhead ratio: {mean(found['swarm'].sps()) / mean(found['bare'].sps()):.3f}")
     return 0
 
 
@@ -511,54 +519,48 @@ def mean(values) -> float:
     return sum(values) / len(values)
 
 
-def report(bare: list[dict] | None, swarm: dict | None) -> None:
+def report(bare: Phase | None, swarm: Phase | None) -> None:
     mb = 2**20
     print()
     if bare:
-        b = bare[0]
-        print(f"model parameters                  {b['params']:,}")
-        print(
-            f"bare samples/s (per process)      {' / '.join(format(x['sps'], '.2f') for x in bare)}  "
-            f"(mean {mean(x['sps'] for x in bare):.2f})"
-        )
-    if swarm:
-        print(
-            f"swarm samples/s (per worker)      {' / '.join(format(x, '.2f') for x in swarm['sps'])}  "
-            f"(mean {mean(swarm['sps']):.2f}), peers seen {swarm['num_peers']}"
-        )
+        print(f"model parameters                  {bare.info['params']:,}")
+    for phase, who in ((bare, "process"), (swarm, "worker")):
+        if phase:
+            sps = phase.sps()
+            print(f"{phase.name + ' samples/s (per ' + who + ')':34}{' / '.join(format(x, '.2f') for x in sps)}  "
+                  f"(mean {mean(sps):.2f})")
     if bare:
-        print(f"bare process PSS / USS / RSS      {b['pss'] / mb:.0f} / {b['uss'] / mb:.0f} / {b['rss'] / mb:.0f} MiB"
-              + ("" if b.get("dynamo") else " (torch._dynamo not imported: --bare-stand-in)"))
+        pss, rss, each = bare.memory
+        print(f"bare process PSS / USS / RSS      {pss / mb:.0f} / {each[0][3] / mb:.0f} / {rss / mb:.0f} MiB"
+              + ("" if bare.info.get("dynamo") else " (torch._dynamo not imported: --bare-stand-in)"))
     if swarm:
-        each = ", ".join(f"{n}[{pid}] {p / mb:.0f}/{u / mb:.0f}" for pid, n, p, u in swarm["memory"])
-        print(
-            f"worker tree PSS / RSS (sums)      {swarm['pss'] / mb:.0f} / {swarm['rss'] / mb:.0f} MiB "
-            f"in {len(swarm['memory'])} processes"
-        )
-        print(f"  PSS/USS by process (MiB)        {each}")
-        print(f"first worker ready                {swarm['ready']}")
+        pss, rss, each = swarm.memory
+        text = ", ".join(f"{n}[{pid}] {p / mb:.0f}/{u / mb:.0f}" for pid, n, p, u in each)
+        peers = swarm.views[0].progress.num_peers if swarm.views[0].progress else 0
+        print(f"worker tree PSS / RSS (sums)      {pss / mb:.0f} / {rss / mb:.0f} MiB in {len(each)} processes, "
+              f"peers seen {peers}")
+        print(f"  PSS/USS by process (MiB)        {text}")
+        print(f"first worker ready                {ready_line(swarm.root / 'peer0' / 'worker.log')}")
     if bare and swarm:
-        print(f"memory ratio (PSS)                {swarm['pss'] / b['pss']:.2f}x   (target <= 1.5x)")
+        print(f"memory ratio (PSS)                {swarm.memory[0] / bare.memory[0]:.2f}x   (target <= 1.5x)")
     if bare:
-        print(f"bare background cores             {b['background_cores']:.3f}   (main thread {b['main_cores']:.3f})")
+        print(f"bare background cores             {bare.background / bare.wall:.3f}   "
+              f"(main thread {bare.main / bare.wall:.3f})")
     if swarm:
-        names = swarm["processes"]
-        top = sorted(swarm["background_by_key"].items(), key=lambda kv: -kv[1])
-        text = ", ".join(
-            f"{('thread ' + str(-k)) if k < 0 else f'{names.get(k, k)}[{k}]'} {v:.3f}" for k, v in top[:6] if v > 0.001
-        )
-        print(
-            f"worker background cores           {swarm['background_cores']:.3f}   (target <= 0.1; "
-            f"main thread {swarm['main_cores']:.3f})"
-        )
+        names = swarm.processes
+        top = sorted(swarm.by_key.items(), key=lambda kv: -kv[1])
+        text = ", ".join(f"{('thread ' + str(-k)) if k < 0 else f'{names.get(k, k)}[{k}]'} {v / swarm.wall:.3f}"
+                         for k, v in top[:6] if v / swarm.wall > 0.001)
+        print(f"worker background cores           {swarm.background / swarm.wall:.3f}   (target <= 0.1; "
+              f"main thread {swarm.main / swarm.wall:.3f})")
         print(f"  biggest consumers (cores)       {text}")
-    loads = [("bare", bare[0]["external_cores"])] if bare else []
-    loads += [("swarm", swarm["external_cores"])] if swarm else []
+        errors = [f"{e.title}: {e.message}" for v in swarm.views for e in v.errors]
+        if errors:
+            print(f"worker errors                     {errors[:3]}")
+    loads = [(p.name, p.external / p.wall) for p in (bare, swarm) if p]
     print("other load on the machine (cores) " + ", ".join(f"{n} phase {v:.2f}" for n, v in loads))
     if any(v > 0.1 for _, v in loads):
         print("WARNING: other programs used the CPU during a window; samples/s are not reliable, run again")
-    if swarm and swarm["errors"]:
-        print(f"worker errors                     {swarm['errors'][:3]}")
 
 
 if __name__ == "__main__":
