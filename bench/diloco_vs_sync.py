@@ -271,7 +271,7 @@ def main() -> None:
     ap.add_argument("--sync-target-batch", type=int, default=256)
     ap.add_argument("--inner-steps", type=int, default=100)
     ap.add_argument("--samples", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--compression", default="8bit", choices=["none", "fp16", "8bit"])
+    ap.add_argument("--compression", default="8bit", choices=["none", "fp16", "8bit", "4bit"])
     ap.add_argument("--outer-lr", type=float, default=None, help="DiLoCo outer lr (default: the catalog's)")
     ap.add_argument("--outer-momentum", type=float, default=None,
                     help="DiLoCo outer Nesterov momentum, 0 for none (default: the catalog's)")

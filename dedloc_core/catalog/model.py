@@ -213,7 +213,9 @@ class DilocoParams(_Model):
     inner_steps: Annotated[int, Meta(ge=1, le=100_000)] = 100
     outer_lr: Annotated[float, Meta(gt=0, le=10)] = 1.0
     outer_momentum: Annotated[float, Meta(ge=0, lt=1)] = 0.0
-    compression: Literal["none", "fp16", "8bit"] = "8bit"
+    # "4bit": blockwise absmax, 0.52 bytes a value (engine/quant4.py); lossy codecs feed their
+    # error back into the next round's delta (engine/delta_averaging.py)
+    compression: Literal["none", "fp16", "8bit", "4bit"] = "8bit"
     # Every this many rounds each peer but the round's leader copies the leader's outer model
     # (0: never). Lossy deltas (8-bit) give each peer a slightly different average every round, so
     # the peers' outer models drift apart; this bounds the drift at the cost of one state download.

@@ -9,7 +9,8 @@ The code is organized as follows:
 - ``prefetch``: a newcomer's state download, begun in the DHT's event loop once the DHT is up
   (during the dial-back and while the Optimizer is built).
 - ``pacing``: a sync-mode step long enough to hide a round (target batch, matchmaking time).
-- ``diloco``, ``delta_averaging``: low-communication training (DiLoCo) and its delta all-reduce.
+- ``diloco``, ``delta_averaging``, ``quant4``: low-communication training (DiLoCo), its delta
+  all-reduce (with error feedback) and its 4-bit delta codec.
 - ``hivemind_ext``: our named, guarded extensions of hivemind 1.1.12 (one module each, installed in order).
 - ``load_balancing``: hivemind's all-reduce load balancing without scipy (registered here).
 - ``no_dynamo``: torch.optim without importing torch._dynamo (a stand-in until something needs it).

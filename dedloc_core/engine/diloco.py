@@ -22,11 +22,18 @@ from the others instead of applying a stale average. A round whose all-reduce fa
 while reducing) is retried with the remaining peers from a fresh copy of the deltas. A peer that
 finds nobody else alive in the DHT applies its own delta.
 
-Drift: with lossy deltas (8-bit) hivemind's all-reduce gives every peer a slightly different
-average (each reduces its own part exactly but gets the others' parts through the codec), so the
+Drift: with lossy deltas (8-bit, 4-bit) hivemind's all-reduce gives every peer a slightly different
+average (each reduces its own part exactly but gets the others' parts back through the codec:
+``delta_averaging`` takes the sender's own loss out, the codec's error on the reply stays), so the
 outer models drift apart by the codec's error every round (momentum carries it on). Every
 ``resync_every`` rounds each peer of the group but its leader (the largest peer id of the group)
 downloads the leader's outer state and moves onto it, keeping its inner progress.
+
+Error feedback (lossy codecs): what the codec dropped from this peer's delta in a round
+(``DeltaAverager.sent_errors``) is kept as a residual and added to its next real delta, so the
+codec's error does not build up over rounds (it is what lets 4-bit deltas hold the loss). A solo
+round applies the delta exactly (no residual left); a failed round keeps the residual; loading the
+outer state (newcomer, behind) clears it.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ class Outcome:
     kind: str
     averaged: list[torch.Tensor] = field(default_factory=list)
     result: RoundResult | None = None
+    lost: list[torch.Tensor] | None = None  # what the codec dropped from our delta (error feedback)
 
 
 class DilocoOptimizer:
@@ -103,6 +111,8 @@ class DilocoOptimizer:
             state_provider=self._outer_state, min_matchmaking_time=matchmaking_time, client_mode=client_mode,
             request_timeout=1.0, next_chunk_timeout=max(5.0, averaging_timeout / 3),
         )
+        # the codec's loss on our last delta, added to the next one (None: no error feedback)
+        self._residual = [torch.zeros_like(p) for p in self.outer_params] if self.averager.feedback else None
         self._announce()
         if self._load_outer_state(load_state_timeout):
             logger.info("DiLoCo: loaded the outer model of round %d from the swarm", self.round)
@@ -185,6 +195,8 @@ class DilocoOptimizer:
         zero = self.contribute_zero
         with self._lock:
             deltas = [torch.zeros_like(o) if zero else o - x for o, x in zip(self.outer_params, local, strict=True)]
+        if self._residual is not None and not zero:
+            deltas = [d + r for d, r in zip(deltas, self._residual, strict=True)]
         weight = ZERO_WEIGHT if zero else float(self.samples_since_launch)
         self.last_contribution = "zero" if zero else "real"
         self.contribute_zero = False
@@ -213,7 +225,7 @@ class DilocoOptimizer:
             result, averaged = self.averager.average(deltas, weight=weight, gather={"round": round_, "weight": weight},
                                                      timeout=attempt_timeout)
             if result.group_size > 1:
-                return Outcome("averaged", averaged, result)
+                return Outcome("averaged", averaged, result, self.averager.sent_errors())
             logger.info("DiLoCo round %d: no complete group (%s)", round_, result.error)
             others = self._other_rounds()
             if any(r > round_ for r in others.values()):
@@ -245,6 +257,8 @@ class DilocoOptimizer:
                 self.rounds_joined += 1
         if outcome.kind in ("averaged", "solo"):
             self._outer_step(outcome.averaged)
+            if self._residual is not None:  # solo: our own delta, applied exactly
+                self._residual = outcome.lost or [torch.zeros_like(r) for r in self._residual]
             logger.info("DiLoCo round %d done (%s, group of %d, contributed a %s update)", self.round,
                         outcome.kind, max(1, self.last_group_size if outcome.kind == "averaged" else 1),
                         self.last_contribution)
@@ -371,6 +385,8 @@ class DilocoOptimizer:
             for param, outer in zip(self.params, self.outer_params, strict=True):
                 param.copy_(outer)
             self.round = int(metadata.get("round", 0))
+            if self._residual is not None:
+                self._residual = [torch.zeros_like(r) for r in self._residual]
         self.averager.state_sharing_priority = float(self.round)
         # Join the next sync at once with a zero update, so a newcomer never delays a round; except
         # in a swarm that has not finished a round yet (round 0, no momentum): there the newcomer is a

@@ -55,6 +55,8 @@ def tolerance(compression: str) -> Tolerance:
     """The error of a delta sent back under ``compression`` (a hivemind class name)."""
     if compression == "Float16Compression":
         return Tolerance(2.0**-8, 2.0**-25)
+    if compression == "Absmax4BitQuantization":  # half a step of absmax / 7: about 12 % of the norm
+        return Tolerance(0.2)
     return Tolerance(1e-5 if compression == "NoCompression" else 0.05)
 
 

@@ -34,6 +34,9 @@ OUTSIDE: dict[str, list[str]] = {
     "load_balancing": ["file:hivemind/averaging/load_balancing.py"],
     # no_dynamo: torch.optim calls only graph_break and, through torch._compile, disable
     "no_dynamo": ["torch.optim.optimizer._use_grad_for_differentiable", "torch._compile._disable_dynamo"],
+    # quant4: its codec is found by its wire type's name in _BASE_COMPRESSION_TYPES, both ways
+    "quant4": ["hivemind.compression.serialization.serialize_torch_tensor",
+               "hivemind.compression.serialization.deserialize_torch_tensor"],
 }
 
 

@@ -56,7 +56,8 @@ class _Round:
         container = runner.tensor_part_container
         self.runner, self.created, self.done, self.ok = runner, time.monotonic(), asyncio.Event(), False
         self.lengths = [[part.numel() for part, _ in parts] for parts in container._input_parts_by_peer]
-        self.compression = type(container.compression).__name__
+        codec = getattr(container.compression, "codec", container.compression)  # inside delta_averaging.ErrorFeedback
+        self.compression = type(codec).__name__
         self.received: dict[tuple[int, int], torch.Tensor] = {}
         self.asked_by: set = set()
         self.kept = _kept.setdefault(runner.tensor_part_reducer, {})
