@@ -229,7 +229,6 @@ def bare_child(args: argparse.Namespace) -> int:
     print(json.dumps({"params": sum(p.numel() for p in model.parameters()),
                       "dynamo": "torch._dynamo.config" in sys.modules}), flush=True)
     samples = steps = 0
-    loss_ema = None
     while True:
         batch = next(batches)
         loss = recipe.loss(model, batch)
@@ -239,8 +238,7 @@ def bare_child(args: argparse.Namespace) -> int:
             opt.step()
             opt.zero_grad()
         samples += args.batch
-        value = float(loss.detach())
-        loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
+        float(loss.detach())  # the worker reads its loss every micro-batch (a sync point on a GPU)
         print(f"{time.monotonic():.4f} {samples}", flush=True)
 
 
@@ -398,8 +396,12 @@ def start_swarm(args: argparse.Namespace, root: Path, stack: contextlib.ExitStac
 class Phase:
     """One side of the comparison: processes to run or stop together, and what its slices measured."""
 
-    def __init__(self, name: str, pids: list[int], counters: list):
-        self.name, self.pids, self.counters = name, pids, counters
+    def __init__(self, name: str, pids: list[int], counters: list, groups: bool = False, **found):
+        """``groups``: signal each pid's whole process group (a worker's helpers and p2pd too);
+        ``found``: what the report reads besides the slices (``info``, ``views``, ``root``)."""
+        self.name, self.pids, self.counters, self.groups = name, pids, counters, groups
+        self.info, self.views, self.root = found.get("info", {}), found.get("views", []), found.get("root")
+        self.processes: dict[int, str] = {}
         self.samples = [0] * len(counters)
         self.seconds = [0.0] * len(counters)
         self.wall = self.main = self.background = self.external = 0.0
@@ -409,7 +411,7 @@ class Phase:
     def signal(self, sig: int) -> None:
         for pid in self.pids:
             try:
-                os.killpg(os.getpgid(pid), sig) if self.name == "swarm" else os.kill(pid, sig)
+                os.killpg(os.getpgid(pid), sig) if self.groups else os.kill(pid, sig)
             except ProcessLookupError:
                 pass
 
@@ -484,16 +486,14 @@ def measure(args: argparse.Namespace, began: float) -> int:
             for loop in bare:
                 if not loop.ready.wait(180) or not loop.info:
                     raise SystemExit(f"the bare loop failed (exit code {loop.proc.poll()})")
-            phases.append(Phase("bare", [loop.pid for loop in bare], bare))
-            phases[-1].info = bare[0].info
+            phases.append(Phase("bare", [loop.pid for loop in bare], bare, info=bare[0].info))
             phases[-1].signal(signal.SIGSTOP)
         if args.phase in ("both", "swarm"):
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)
             root = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dedloc-overhead-")))
             views = start_swarm(args, root, stack)
-            phases.append(Phase("swarm", [v.worker.pid for v in views], views))
-            phases[-1].views, phases[-1].root = views, root
+            phases.append(Phase("swarm", [v.worker.pid for v in views], views, groups=True, views=views, root=root))
             print(f"  swarm up ({args.peers} peers); warming up {args.warmup:.0f} s …", flush=True)
             time.sleep(args.warmup)
             phases[-1].signal(signal.SIGSTOP)
