@@ -57,7 +57,8 @@ def test_an_organizers_own_data_and_model_train_in_a_swarm(tmp_path):
     assert out.returncode == 0, text[-2000:] + out.stderr[-2000:]
     first, last = map(float, re.search(r"First loss: ([\d.]+)\s+Last loss: ([\d.]+)", text).groups())
     assert last < first - 0.3, text[-1500:]  # ln(512) = 6.2 at the start
-    assert "Trained 10 global steps with 2 volunteers" in text
+    trained = re.search(r"Trained (\d+) global steps with 2 volunteers", text)
+    assert trained and int(trained.group(1)) >= 10, text[-1500:]  # the demo polls once a second: it may see more
     curve = json.loads((tmp_path / "demo" / "swarm.json").read_text())["learning_curve"]
     held_out = [(p["step"], p["eval_loss"]) for p in curve if p.get("eval_loss") is not None]
     assert len(held_out) >= 2 and held_out[0][0] == 0, curve  # the backbone evaluates from the start

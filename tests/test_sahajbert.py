@@ -83,4 +83,5 @@ def test_the_cpu_sibling_trains_in_a_swarm(shards, tmp_path):
     assert out.returncode == 0, text[-2000:] + out.stderr[-2000:]
     first, last = map(float, re.search(r"First loss: ([\d.]+)\s+Last loss: ([\d.]+)", text).groups())
     assert last < first - 0.4, text[-1500:]  # ln(32000) = 10.4 at the start (the printed loss lags: a mean)
-    assert "Trained 8 global steps with 2 volunteers" in text
+    trained = re.search(r"Trained (\d+) global steps with 2 volunteers", text)
+    assert trained and int(trained.group(1)) >= 8, text[-1500:]  # the demo polls once a second: it may see more
