@@ -3,8 +3,8 @@
 Profile: a backbone and three volunteers on the lab's public segment, volunteer links shaped
 (rate up and down, one-way delay on what each receives): 100 Mbit/s + 20 ms, 50 Mbit/s + 30 ms,
 20 Mbit/s + 50 ms (``PROFILE``; ``--volunteers 4`` adds 10 Mbit/s + 50 ms). Every node runs in its
-own CPU group with a fixed quota (``--cpu``, default 0.4 of a core each: 1.6 of 2 cores for four
-nodes), so a node's solo rate does not depend on how many others train beside it.
+own CPU group with a fixed quota (``--cpu``, default 0.4 of a core each: 2 cores for the five nodes;
+0.3 with four volunteers), so a node's solo rate does not depend on how many others train beside it.
 
 Steps, in one run:
 1. solo rates: each volunteer's samples/s on the bare training loop (``netlab/solo.py``) in its
@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--volunteers", type=int, default=3, choices=(3, 4))
     parser.add_argument("--steps", type=int, default=8, help="global steps measured per mode")
-    parser.add_argument("--cpu", type=float, default=0.4, help="each node's CPU quota, in cores")
+    parser.add_argument("--cpu", type=float, default=0.0,
+                        help="each node's CPU quota, in cores (default 0.4; 0.3 with four volunteers: six nodes)")
     parser.add_argument("--headroom", type=float, default=4.0,
                         help="step length / estimated round length (default 4, engine.pacing's)")
     parser.add_argument("--target-batch", type=int, default=0, help="override the paced target batch")
@@ -283,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", default="", help="copy the nodes' logs here")
     parser.add_argument("--lone", action="store_true", help="only a lone volunteer's worker against its solo loop")
     args = parser.parse_args(argv)
+    args.cpu = args.cpu or (0.3 if args.volunteers == 4 else 0.4)  # the nodes' quotas within 2 cores
     MICRO_BATCH[0] = args.micro_batch
     if args.lone:
         solo, rate = measure_lone(args)
