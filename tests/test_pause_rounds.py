@@ -76,10 +76,11 @@ until(lambda: min(peers[i][1].local_epoch for i in (0, 1)) >= start + 2, "the tw
 until(lambda: all(peers[i][1].rounds_joined + peers[i][1].rounds_failed > before[j][0] + before[j][1]
                   for j, i in enumerate((0, 1))), "the two ended no round", timeout=120)
 stop.set()
+result = {"joined": [peers[i][1].rounds_joined - before[j][0] for j, i in enumerate((0, 1))],
+          "failed": [peers[i][1].rounds_failed - before[j][1] for j, i in enumerate((0, 1))]}
 for t in threads:  # a thread still in opt.step() could wait for ever on an averager shut down under it
-    t.join(timeout=60)
-print(json.dumps({"joined": [peers[i][1].rounds_joined - before[j][0] for j, i in enumerate((0, 1))],
-                  "failed": [peers[i][1].rounds_failed - before[j][1] for j, i in enumerate((0, 1))]}))
+    t.join(timeout=60)  # (its last round may fail as the others stop: counted above, before it)
+print(json.dumps(result))
 for dht, opt, _ in peers:
     opt.shutdown(); dht.shutdown()
 """

@@ -254,8 +254,9 @@ def test_a_sender_gone_mid_round_is_averaged_without_and_the_round_goes_on():
 @pytest.mark.slow
 def test_the_survivors_of_a_vanished_reducer_average_again_among_themselves():
     result = partial("rerun")  # the victim's step does not retry, as a killed peer's could not
-    assert result["outcome"] == [2, 2], result["log"]
-    assert result["held"] == [[1.5], [1.5]], result["log"]  # one average, not each peer's own values
+    told = f"{result['outcome']} {result['held']} {result['messages']}\n{result['log']}"
+    assert result["outcome"] == [2, 2], told
+    assert result["held"] == [[1.5], [1.5]], told  # one average, not each peer's own values
 
 
 @pytest.mark.slow
