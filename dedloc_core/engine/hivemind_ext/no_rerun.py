@@ -25,7 +25,8 @@ Kind: bug fix (belongs upstream; docs/hivemind/no_rerun.patch), and our policy (
 
 Shown: ``tests/test_hivemind_ext.py`` (slow: the victim's step retries without this);
 ``tests/test_robust.py`` (slow: the survivors of a vanished reducer average again, and fail
-without the rerun).
+without the rerun; the first is xfail for an open bug: the rerun's reducer may end a survivor's
+answer stream before its last parts).
 """
 
 from __future__ import annotations
