@@ -192,6 +192,22 @@ async def vanishing_reducer(self, stream, sender_index):  # it stops answering a
         answered += 1
 
 allreduce.AllReduceRunner._accumulate_parts_streaming = vanishing_reducer
+answering = allreduce.AllReduceRunner.rpc_aggregate_part
+
+async def told_answers(self, stream, context):  # how each answer stream ended, for the log
+    answered, ended = 0, "its end"
+    try:
+        async for message in answering(self, stream, context):
+            yield message
+            answered += 1
+    except BaseException as exc:
+        ended = repr(exc)
+        raise
+    finally:
+        print(f"[hivemind.averaging.probe] {str(self.peer_id)[-6:]} answered {str(context.remote_id)[-6:]} "
+              f"{answered} parts in {self.group_id.hex()[:8]}, ended by {ended}", file=sys.stderr, flush=True)
+
+allreduce.AllReduceRunner.rpc_aggregate_part = told_answers
 values = [torch.full((2_000_000,), float(v)) for v in (1.0, 2.0, 3.0)]
 bandwidths = [100.0, 100.0, 0.01 if sys.argv[1] == "sender" else 100.0]
 averagers = [hivemind.averaging.DecentralizedAverager([v.clone()], dht=d, prefix="partial", target_group_size=3,
@@ -220,6 +236,15 @@ for d in dhts:
 """
 
 
+def said_of_interest(line: str) -> bool:
+    """The averagers' and the p2p layer's lines, and p2pd's own about connections and streams."""
+    if "key_manager" in line or "identify/" in line:
+        return False
+    if "[hivemind.averaging." in line or "[hivemind.p2p." in line:
+        return True
+    return ".go:" in line and any(word in line.lower() for word in ("conn", "stream", "reset", "clos", "yamux"))
+
+
 def partial(mode: str) -> dict:
     """The probe's outcome, and under "log" its averagers' own account (hivemind's debug lines)."""
     env = {**os.environ, "HIVEMIND_LOGLEVEL": "DEBUG"}
@@ -227,9 +252,8 @@ def partial(mode: str) -> dict:
                          env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    said = [line[:300] for line in out.stderr.splitlines()
-            if "[hivemind.averaging." in line and "key_manager" not in line]
-    result["log"] = "\n".join(said[-60:])
+    said = [line[:300] for line in out.stderr.splitlines() if said_of_interest(line)]
+    result["log"] = "\n".join(said[-120:])
     return result
 
 
