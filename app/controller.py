@@ -75,6 +75,7 @@ class ControllerView(QObject):
     quitting = Signal()
     notify = Signal(str, str)  # title, message: what the user should know now (the tray shows it)
     input_seen = Signal()  # the idle source's watcher thread saw user input (delivered in this thread)
+    worker_place_changed = Signal(str)  # where the worker runs (worker_place)
 
     prefs: Preferences
     prefs_problem: str | None
@@ -142,6 +143,9 @@ class Controller(ControllerView):
         self._quit_waiters: list = []
         self._quit_done = False
 
+        supervisor.command = self.prefs.worker_argv()
+        self.worker_host = ""  # the host name the running worker gave (its hello)
+        supervisor.hello.connect(self._on_hello)
         supervisor.state.connect(self._on_state)
         supervisor.progress.connect(self._on_progress)
         supervisor.log.connect(self._on_log)
@@ -234,6 +238,13 @@ class Controller(ControllerView):
                         lambda exc: self.fail(exc, doing="Saving the preferences"))
         if new.start_at_login != old.start_at_login:
             self.sync_autostart()
+        if new.worker_command != old.worker_command:
+            self.supervisor.command = new.worker_argv()
+            self.worker_host = ""
+            self.worker_place_changed.emit(self.worker_place())
+            if self.supervisor.wanted is not None:  # the running worker moves where it is told
+                self.note("INFO", f"Restarting the worker: it runs {self.supervisor.where()} from now on")
+                self.supervisor.join(self.supervisor.wanted)
         self.tick()
 
     def sync_autostart(self) -> None:
@@ -390,6 +401,7 @@ class Controller(ControllerView):
         assert exp is not None
         start = joining.start_command(exp, self.prefs, limits=limits, data_url=self._data_url(exp))
         self.supervisor.pause_reason = None
+        self.supervisor.command = self.prefs.worker_argv()
         self.supervisor.join(start)
 
     # ---- worker events ---------------------------------------------------------------------------
@@ -421,6 +433,17 @@ class Controller(ControllerView):
     def _on_swarm(self, summary) -> None:
         self.swarm = summary
         self.swarm_changed.emit(summary)
+
+    def _on_hello(self, event) -> None:
+        self.worker_host = event.host
+        self.worker_place_changed.emit(self.worker_place())
+
+    def worker_place(self) -> str:
+        """Where the worker runs, for the window: "this computer", or the command and the host it named."""
+        place = self.supervisor.where()
+        if self.supervisor.command and self.worker_host:
+            place += f" (host {self.worker_host})"
+        return place
 
     def _on_state(self, event: State) -> None:
         if event.peer_id and (self.worker_state is None or self.worker_state.peer_id != event.peer_id):

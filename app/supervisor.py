@@ -23,7 +23,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from dedloc_core import paths, proctree
 from dedloc_core.errors import DedlocError, user_message
 from dedloc_core.protocol import Error, Hello, Limits, Log, Pause, Progress, Resume, SetLimits, Start, State, Stats
-from dedloc_core.workerproc import StopResult, WorkerProcess, remove_socket_dir
+from dedloc_core.workerproc import StopResult, WorkerProcess, remove_socket_dir, where
 
 from .bridge import Bridge
 
@@ -54,6 +54,7 @@ class Supervisor(QObject):
         self.backoff = backoff
         self.stop_timeout = stop_timeout
         self.recorder = recorder  # a dedloc_core.stats.recorder.StatsRecorder fed from the reader thread
+        self.command: list[str] | None = None  # the worker's own command across a boundary (None: local)
         self.worker: WorkerProcess | None = None
         self._launched: WorkerProcess | None = None  # the last worker started (lifecycle thread only)
         self.wanted: Start | None = None  # the experiment the user joined (None: not joined)
@@ -106,8 +107,8 @@ class Supervisor(QObject):
         for seconds: stop its process until resume. One that joins acts on it at the next hold."""
         worker, state = self.worker, self.last_state
         if worker is not None and self._frozen is None and (state is None or state.state in STARTING):
-            worker.freeze()
-            self._frozen = worker
+            if worker.freeze():  # across a boundary no signal reaches it: the pause command holds it
+                self._frozen = worker
 
     def set_limits(self, limits: Limits) -> None:
         if limits != self.limits:
@@ -116,6 +117,10 @@ class Supervisor(QObject):
 
     def running(self) -> bool:
         return self.worker is not None and self.worker.running()
+
+    def where(self) -> str:
+        """Where the worker runs (or will run at its next start), in words."""
+        return where(self.command)
 
     def shutdown(self, done=None) -> None:
         """Stop the worker gracefully (kill its process tree after a timeout), then call ``done``."""
@@ -134,6 +139,9 @@ class Supervisor(QObject):
             start = msgspec.structs.replace(start, start_paused=True)
         if self.limits is not None:
             start = msgspec.structs.replace(start, limits=self.limits)
+        command = self.command
+        if command:  # our paths mean nothing there: the worker keeps its identity in its own data folder
+            start = msgspec.structs.replace(start, identity_path=None)
         self.worker = self.last_state = self._frozen = None
 
         def work() -> WorkerProcess | None:
@@ -149,7 +157,8 @@ class Supervisor(QObject):
                 self.recorder.begin(start.experiment.get("id", "unknown"))
             log = _worker_log()
             try:
-                worker = WorkerProcess(env=self.env, stderr=log, on_event=lambda e: self._from_worker(generation, e))
+                worker = WorkerProcess(env=self.env, stderr=log, command=command,
+                                       on_event=lambda e: self._from_worker(generation, e))
                 worker.start()
             finally:
                 log.close()  # the worker holds its own copy

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 import time
 from dataclasses import dataclass
 from datetime import time as clock
@@ -89,6 +90,9 @@ class Preferences(msgspec.Struct, frozen=True):
                                               description="minutes")] = 10.0
     # app
     start_at_login: Annotated[bool, Meta(title="Start when I log in")] = False
+    worker_command: Annotated[str, Meta(max_length=500, title="Run the worker with",
+                                        description="A command that starts dedloc worker elsewhere, e.g. "
+                                                    "ssh rig dedloc worker; empty: on this computer.")] = ""
 
     def __post_init__(self) -> None:
         coerce_floats(self)  # idle_minutes=5 is saved as 5.0, as it is read back
@@ -96,8 +100,16 @@ class Preferences(msgspec.Struct, frozen=True):
         if any(len(n) > 64 for n in cleaned):
             raise ValueError("a program name is longer than 64 characters")
         msgspec.structs.force_setattr(self, "blocking_programs", cleaned)
+        try:
+            shlex.split(self.worker_command)
+        except ValueError as exc:
+            raise ValueError(f"the worker command cannot be read: {exc}") from None
         if self.version != PREFS_VERSION:
             raise ValueError(f"preferences version {self.version}; this app reads version {PREFS_VERSION}")
+
+    def worker_argv(self) -> list[str] | None:
+        """The worker command as arguments; None: the worker runs on this computer."""
+        return shlex.split(self.worker_command) or None
 
 
 _HOURS_MINUTES = re.compile(r"^\d\d:\d\d$")

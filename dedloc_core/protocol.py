@@ -105,6 +105,7 @@ class Hello(_Tagged, tag="hello", kw_only=True):
     protocol: int = PROTOCOL_VERSION
     version: str
     pid: int
+    host: str = ""  # the worker's host name: where it runs, shown when it runs across a boundary
 
 
 class State(_Tagged, tag="state"):

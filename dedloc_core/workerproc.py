@@ -4,6 +4,12 @@ tests all use this class.
 The worker runs in its own session (process group), so stopping it can take hivemind's helper
 processes and p2pd with it: ``stop()`` sends the ``stop`` command, then SIGTERM, then SIGKILL to
 the whole group. Its unix sockets go in a folder of its own (``SOCKET_DIR_ENV``), removed with it.
+
+A worker across a boundary (``command``: ``ssh rig dedloc worker``, ``wsl.exe -d DeDLOC -- dedloc
+worker``) shares nothing with this side but the protocol on its stdin and stdout: no socket folder
+or identity path of ours, no signal (a pause is the ``pause`` command; the process here is only its
+launcher), no pid. Its launcher's end of stdout is its death: EOF there is a worker that died, and
+EOF on its stdin (the launcher killed here) stops it on the far side.
 """
 
 from __future__ import annotations
@@ -66,12 +72,14 @@ class WorkerProcess:
         on_event: Callable[[object], None] | None = None,
         extra_args: list[str] | None = None,
         launcher: list[str] | None = None,
+        command: list[str] | None = None,
     ):
         self.env = env
         self.stderr = stderr
         self.on_event = on_event
         self.extra_args = extra_args or []
         self.launcher = launcher or []  # a command prefix, e.g. ["ip", "netns", "exec", NS] (it must exec)
+        self.command = command or None  # the whole command of a worker across a boundary (module docstring)
         self.events: queue.Queue = queue.Queue(EVENT_BACKLOG)
         self.proc: subprocess.Popen | None = None
         self.hello: Hello | None = None
@@ -86,14 +94,25 @@ class WorkerProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def remote(self) -> bool:
+        """Started through a command of its own (across a boundary): only the protocol reaches it."""
+        return self.command is not None
+
+    def where(self) -> str:
+        """Where the worker runs, in words for the window."""
+        return where(self.command)
+
     def start(self, hello_timeout: float = 30.0) -> Hello:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        if SOCKET_DIR_ENV not in env:
+        if self.remote:
+            env.pop(SOCKET_DIR_ENV, None)  # a path here means nothing there: the worker makes its own
+        elif SOCKET_DIR_ENV not in env:
             self.socket_dir = env[SOCKET_DIR_ENV] = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
         try:
             self.proc = subprocess.Popen(
-                self.launcher + worker_command() + self.extra_args,
+                (self.command or self.launcher + worker_command()) + self.extra_args,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self.stderr,
@@ -180,20 +199,24 @@ class WorkerProcess:
             if predicate(event):
                 return event
 
-    def freeze(self) -> None:
+    def freeze(self) -> bool:
         """Stop the worker process alone at once (SIGSTOP), as a pause while it starts: importing
         torch and hivemind is seconds of CPU that no pause command can interrupt. Only before it
-        joins a swarm: no peer waits on it then, no daemon's timeout runs. ``thaw`` undoes it."""
-        sig = getattr(signal, "SIGSTOP", None)  # none on Windows: the pause waits for the worker
-        if sig is not None and self.running():
-            try:
-                os.kill(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
+        joins a swarm: no peer waits on it then, no daemon's timeout runs. ``thaw`` undoes it.
+        False where no signal reaches the worker (across a boundary, on Windows): the pause
+        command alone holds it, once it reads it."""
+        sig = getattr(signal, "SIGSTOP", None)
+        if sig is None or self.remote or not self.running():
+            return False
+        try:
+            os.kill(self.proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     def thaw(self) -> None:
         sig = getattr(signal, "SIGCONT", None)
-        if sig is not None and self.proc is not None:
+        if sig is not None and self.proc is not None and not self.remote:
             self._signal_group(sig)
 
     def stop(self, timeout: float = 20.0, term_timeout: float = 5.0) -> StopResult:
@@ -238,6 +261,13 @@ class WorkerProcess:
             return
         proctree.kill_group(self.proc.pid, timeout)
         remove_socket_dir(self.socket_dir)
+
+
+def where(command: list[str] | None) -> str:
+    """Where a worker started by ``command`` runs (None: the local worker), for the window."""
+    if not command:
+        return "this computer"
+    return "through " + " ".join(command)
 
 
 def remove_socket_dir(folder: str | None) -> None:

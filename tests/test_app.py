@@ -388,6 +388,33 @@ def test_a_pause_while_the_worker_starts_takes_effect_at_once(make_app, qtbot, h
     assert app.supervisor.worker.pid == worker.pid  # the same worker, thawed
 
 
+def test_a_worker_started_through_its_own_command_is_paused_by_command_and_shown(
+        make_app, qtbot, home, signed_catalog_server, tmp_path):
+    """A worker across a boundary (the "Run the worker with" preference): no signal reaches it, so a
+    pause while it starts goes through the protocol; its identity is its own; the window says where
+    it runs. ``env`` stands in for ssh or wsl.exe: it execs the worker with a data folder of its own."""
+    import socket
+
+    far = tmp_path / "far"
+    write_prefs(home, consent=True, idle_only=False,
+                worker_command=f"env DEDLOC_HOME={far} {sys.executable} -m dedloc_core.engine.worker")
+    app = make_app()
+    assert app.controller.join("tiny-lm-test")
+    qtbot.waitUntil(lambda: app.supervisor.running(), timeout=60000)
+    app.controller.pause()
+    worker = psutil.Process(app.supervisor.worker.pid)
+    qtbot.wait(500)
+    assert worker.status() != psutil.STATUS_STOPPED  # not frozen: the pause command holds it
+    qtbot.waitUntil(lambda: getattr(app.controller.worker_state, "state", None) == "paused", timeout=120000)
+    assert not (far / "data" / "identity.key").exists()  # held before it joined
+    app.controller.resume()
+    qtbot.waitUntil(lambda: app.controller.status.state == "training", timeout=180000)
+    assert (far / "data" / "identity.key").exists() and not (home / "data" / "identity.key").exists()
+    page = app.window.show_page("This computer")
+    qtbot.waitUntil(lambda: f"(host {socket.gethostname()})" in page.label.text(), timeout=10000)
+    assert f"through env DEDLOC_HOME={far}" in page.label.text()
+
+
 @pytest.mark.timeout(600)
 def test_the_worker_runs_while_away_and_pauses_when_the_user_returns(
         make_app, qtbot, home, signed_catalog_server, spawn_worker, monkeypatch):

@@ -90,3 +90,11 @@ def test_schedule_text_round_trip():
     for bad in ("Mon 25:00-26:00", "Funday 10:00-11:00", "Mon-Fri", "Mon 10:00"):
         with pytest.raises(ValueError):
             prefs.parse_schedule(bad)
+
+
+def test_the_worker_command_is_read_as_arguments_and_a_broken_one_is_refused():
+    assert Preferences().worker_argv() is None  # the worker runs on this computer
+    given = prefs.validate({"worker_command": "ssh 'my rig' dedloc worker"})
+    assert given.worker_argv() == ["ssh", "my rig", "dedloc", "worker"]
+    with pytest.raises(ValueError, match="worker command"):
+        prefs.validate({"worker_command": "ssh 'my rig dedloc worker"})

@@ -23,8 +23,13 @@ class ComputerPage(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(self.label)
         controller.hardware_changed.connect(self.show_hardware)
+        controller.worker_place_changed.connect(self._show_again)
         if controller.hardware is not None:
             self.show_hardware(controller.hardware)
+
+    def _show_again(self, _place: str) -> None:
+        if self.controller.hardware is not None:
+            self.show_hardware(self.controller.hardware)
 
     def show_hardware(self, hw: Hardware) -> None:
         gpus = "".join(f"<li>{escape(g.name)}: {g.memory_mb / 1024:.1f} GB, driver {escape(g.driver)}</li>"
@@ -37,4 +42,5 @@ class ComputerPage(QWidget):
             f"<tr><td><b>Memory</b></td><td>{hw.ram_gb:.1f} GB</td></tr>"
             f"<tr><td><b>Free disk</b></td><td>{hw.disk_free_gb:.1f} GB</td></tr>"
             f"<tr><td><b>Idle detection</b></td><td>{idle}</td></tr>"
+            f"<tr><td><b>Worker runs on</b></td><td>{escape(self.controller.worker_place())}</td></tr>"
             f"</table><h3>GPUs</h3><ul>{gpus}</ul>")

@@ -31,6 +31,7 @@ SECTIONS = {
     "How much": ["cpu_share_idle", "cpu_share_in_use", "use_gpu", "gpu_while_in_use", "gpu_memory_cap_mb",
                  "gpu_temp_limit_c", "upload_cap_kbs", "download_cap_kbs", "daily_quota_mb", "long_pause_minutes"],
     "You": ["display_name", "start_at_login"],
+    "Where": ["worker_command"],
 }
 OFF = "Off"
 FIELDS = fields(Preferences)

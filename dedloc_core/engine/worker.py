@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
+import socket
 import sys
+import tempfile
 import threading
 
 import msgspec
@@ -22,6 +25,7 @@ import msgspec
 from dedloc_core import __version__, environ, paths
 from dedloc_core.errors import EXIT_EXPLAINED, EXIT_UNEXPECTED, DedlocError, WorkerError, user_message
 from dedloc_core.protocol import Error, Hello, Start, State, Stop
+from dedloc_core.workerproc import SOCKET_DIR_PREFIX
 
 from . import invited
 from .channel import Control, EventChannel, EventLogHandler, read_commands
@@ -46,12 +50,26 @@ def main(argv: list[str] | None = None) -> int:
     channel = EventChannel(event_fd)
     _setup_logging(args.log_level, channel)
 
+    own_sockets = _socket_dir()
     control = Control()
-    channel.send(Hello(version=__version__, pid=os.getpid()))
+    channel.send(Hello(version=__version__, pid=os.getpid(), host=socket.gethostname()))
     channel.send(State(state="idle", reason="Waiting for an experiment"))
     reader = threading.Thread(target=read_commands, args=(command_fd, control, channel), daemon=True)
     reader.start()
-    return run(control, channel)
+    try:
+        return run(control, channel)
+    finally:
+        if own_sockets:
+            shutil.rmtree(own_sockets, ignore_errors=True)
+
+
+def _socket_dir() -> str | None:
+    """The folder for hivemind's unix sockets: the supervisor's (``DEDLOC_SOCKET_DIR``), or, for a
+    worker started across a boundary, one of its own, removed at exit (returned)."""
+    if os.environ.get(environ.SOCKET_DIR.name):
+        return None
+    folder = os.environ[environ.SOCKET_DIR.name] = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
+    return folder
 
 
 def run(control: Control, channel: EventChannel) -> int:
