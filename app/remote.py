@@ -39,6 +39,7 @@ class RemoteController(ControllerView):
         self.channel, self.bridge = channel, bridge
         self.stats_store = None  # the Statistics page opens the stats database itself
         self.swarm = None
+        self.place = "this computer"  # where the worker runs, until the tray says
         self.show_requested = None  # called with (page, link) when the tray asks to show the window
         self._apply(state)
         self.prefs_problem = state.get("prefs_problem")
@@ -55,6 +56,8 @@ class RemoteController(ControllerView):
             hw = m["hardware"]
             self.hardware = Hardware(**{**hw, "gpus": [Gpu(**g) for g in hw["gpus"]]}) if hw else None
             self.idle_text = str(m.get("idle", ""))
+        if "worker_place" in m:
+            self.place = str(m["worker_place"])
         if "swarm" in m:
             from dedloc_core.stats.swarmview import SwarmSummary
 
@@ -100,6 +103,8 @@ class RemoteController(ControllerView):
             self.swarm_changed.emit(self.swarm)
         elif kind == "peer_id":
             self.peer_id_changed.emit(m["peer_id"])
+        elif kind == "worker_place":
+            self.worker_place_changed.emit(self.place)
         elif kind == "show" and self.show_requested is not None:
             self.show_requested(m.get("page"), m.get("link"))
         elif kind == "quit":
@@ -107,6 +112,9 @@ class RemoteController(ControllerView):
 
     def idle_source_text(self) -> str:
         return self.idle_text
+
+    def worker_place(self) -> str:
+        return self.place
 
     # ---- what the user does: carried out by the tray -------------------------------------------
 

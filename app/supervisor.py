@@ -20,7 +20,7 @@ import msgspec
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from dedloc_core import paths, proctree
+from dedloc_core import paths, proctree, secrets
 from dedloc_core.errors import DedlocError, user_message
 from dedloc_core.protocol import Error, Hello, Limits, Log, Pause, Progress, Resume, SetLimits, Start, State, Stats
 from dedloc_core.workerproc import StopResult, WorkerProcess, remove_socket_dir, where
@@ -155,6 +155,7 @@ class Supervisor(QObject):
                 return None
             if self.recorder is not None:
                 self.recorder.begin(start.experiment.get("id", "unknown"))
+            sent = _with_invite_code(start) if command else start
             log = _worker_log()
             try:
                 worker = WorkerProcess(env=self.env, stderr=log, command=command,
@@ -164,7 +165,7 @@ class Supervisor(QObject):
                 log.close()  # the worker holds its own copy
             self._launched = worker
             self._write_pid_file(worker)
-            worker.send(start)
+            worker.send(sent)
             threading.Thread(target=self._watch, args=(worker, generation), daemon=True,
                              name=f"watch-{worker.pid}").start()
             return worker
@@ -332,6 +333,21 @@ class Supervisor(QObject):
         remove_socket_dir(socket_dir if isinstance(socket_dir, str) else None)  # what the killed group left
         self._clear_pid_file()
         return found
+
+
+def _with_invite_code(start: Start) -> Start:
+    """``start`` with the invite code from this computer's keyring, for a worker across a boundary (it
+    cannot read this keyring) in an invite-only experiment; a keyring that fails sends none (the
+    worker then says that no code is stored)."""
+    experiment = start.experiment
+    if not experiment.get("needs_token") or start.invite_code:
+        return start
+    try:
+        code = secrets.get_invite(str(experiment.get("id")))
+    except secrets.SecretError as exc:
+        logger.warning("%s", exc.message)
+        return start
+    return msgspec.structs.replace(start, invite_code=code) if code else start
 
 
 def _worker_log():

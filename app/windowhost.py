@@ -47,6 +47,7 @@ class WindowHost(QObject):
         c.stats_changed.connect(lambda: self._send("stats"))
         c.swarm_changed.connect(lambda s: self._send("swarm", swarm=msgspec.to_builtins(s)))
         c.peer_id_changed.connect(lambda peer_id: self._send("peer_id", peer_id=peer_id))
+        c.worker_place_changed.connect(lambda place: self._send("worker_place", worker_place=place))
         c.quitting.connect(lambda: self._send("quit"))
 
     def show(self, page: str | None = None, link: str | None = None) -> None:
@@ -80,6 +81,7 @@ class WindowHost(QObject):
         return {"prefs": prefs_mod.to_json(c.prefs), "prefs_problem": c.prefs_problem,
                 "catalog": catalog_child.encode(c.catalog) if c.catalog is not None else None,
                 "hardware": asdict(c.hardware) if c.hardware is not None else None, "idle": c.idle_source_text(),
+                "worker_place": c.worker_place(),
                 "swarm": msgspec.to_builtins(c.swarm) if c.swarm is not None else None,
                 "log": [astuple(e) for e in c.log_entries], **self._live()}
 

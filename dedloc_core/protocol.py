@@ -76,6 +76,9 @@ class Start(_Tagged, tag="start"):
     bandwidth: Annotated[float, Meta(gt=0)] | None = None  # declared Mbit/s for DeDLOC's load balancing (a hint)
     grad_compression: Literal["none", "fp16", "8bit"] | None = None  # None: fp16
     reachability: Literal["auto", "direct", "relay", "outbound"] = "auto"
+    # an invite-only experiment's code, from the app's keyring, for a worker that cannot read it (across
+    # a boundary); None: the worker reads its own keyring
+    invite_code: Annotated[str, Meta(max_length=256)] | None = None
 
 
 class Pause(_Tagged, tag="pause"):

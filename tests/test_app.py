@@ -655,6 +655,13 @@ def test_the_window_in_its_own_process_mirrors_the_tray_and_sends_commands(qtbot
         page.leave_button.click()
         qtbot.waitUntil(lambda: app.controller.joined is None and remote.joined is None, timeout=5000)
 
+        # Where the worker runs: set in the window, shown on its "This computer" page.
+        form.widgets["worker_command"].setText("ssh rig dedloc worker")
+        assert form.save()
+        qtbot.waitUntil(lambda: remote.worker_place() == "through ssh rig dedloc worker", timeout=5000)
+        assert app.supervisor.command == ["ssh", "rig", "dedloc", "worker"]
+        assert "through ssh rig dedloc worker" in window.pages["This computer"].label.text()
+
         # A second launch with a page shows that page; a malformed command is dropped, not fatal.
         SingleInstance(name).notify_running(page="Statistics")
         qtbot.waitUntil(lambda: window.stack.currentWidget() is window.pages["Statistics"], timeout=5000)

@@ -194,3 +194,44 @@ def test_the_app_sends_the_stored_token_for_the_members_swarm_summary(secret_ser
             assert not full.redacted and full.leaderboard[0].peer_id == ALICE
         finally:
             secrets.delete_token(closed.id)
+
+
+@pytest.mark.slow
+def test_a_worker_across_a_boundary_redeems_the_code_the_app_sent(tmp_path, monkeypatch, corpus_server):
+    """A worker started through a command of its own with no keyring at all (as in WSL, or on a rig
+    over ssh) gets the invite code in its start command: it redeems it with its own identity and
+    trains; the code is used once."""
+    import sys
+
+    from msgspec.structs import replace
+
+    from dedloc_core.organizer import invites as org
+    from dedloc_core.organizer.httpserve import FileServer
+    from dedloc_core.workerproc import WorkerProcess
+
+    monkeypatch.setenv("DEDLOC_INVITE_PASSPHRASE", "pw")
+    key = org.generate_key(tmp_path / "backbone", "pw")
+    store = org.InviteStore(tmp_path / "backbone")
+    code, _ = store.create(uses=1, note="a rig")
+    issuer = org.Issuer(store, org.load_key(tmp_path / "backbone", "pw"), "gated_test")
+    server = FileServer()
+    for action in ("redeem", "renew"):
+        server.add_post(f"/invite/{action}", lambda body, action=action: issuer.handle(action, body))
+    far = tmp_path / "far"
+    command = ["env", "PYTHON_KEYRING_BACKEND=keyring.backends.fail.Keyring", f"DEDLOC_HOME={far}",
+               sys.executable, "-m", "dedloc_core.engine.worker"]
+    with server:
+        worker = WorkerProcess(command=command, env={**os.environ, "DEDLOC_LOG_LEVEL": "INFO"},
+                               stderr=open(tmp_path / "worker.log", "w"))
+        try:
+            worker.start()
+            start = start_command(corpus_server, far, id="gated-far", run_id="gated_test", needs_token=True,
+                                  invite_key=key, invite_url=server.url)
+            assert worker.send(replace(start, identity_path=None, invite_code=code))
+            told = worker.wait_for(lambda e: getattr(e, "state", None) == "training" or getattr(e, "fatal", False),
+                                   120)
+            assert told is not None and told.type == "state", (told, (tmp_path / "worker.log").read_text()[-2000:])
+            assert store.list()[0].used == 1 and (far / "data" / "identity.key").exists()
+            assert worker.stop(timeout=30).name == "OK"
+        finally:
+            worker.kill()

@@ -1,6 +1,7 @@
 """A volunteer's side of an invite-only experiment: get a token from the backbone and keep it fresh.
 
-``obtain`` reads the invite code and the last token from the keyring (``dedloc_core.secrets``), keeps
+``obtain`` reads the invite code (or takes the one the app sent) and the last token from the keyring
+(``dedloc_core.secrets``; one that fails is a keyring with nothing in it), keeps
 that token if it still has over half its life, else renews it at the experiment's ``invite_url``
 (a member), else redeems the code (a newcomer). ``Renewer`` renews it at half life on a thread,
 hands it to the DHT and averagers (``gate.TokenHolder``), publishes it and stores it in the keyring;
@@ -9,7 +10,7 @@ a refusal (revoked) ends the session with the backbone's ``InviteError``.
 ``data_token`` is how the worker fetches an invite-only experiment's shards, which the backbone
 serves to members only: the ``fetch-data`` thread obtains the token first (this module imports no
 hivemind, and writes a new volunteer's identity itself), then downloads, all while torch and
-hivemind import; the session's own ``obtain`` then finds the fresh token in the keyring.
+hivemind import; the session's own ``obtain`` then finds the fresh token it holds.
 """
 
 from __future__ import annotations
@@ -34,8 +35,13 @@ def _fresh(claims: invites.Claims) -> bool:
     return claims.remaining() > (claims.expires - claims.issued) / 2
 
 
-def obtain(exp, identity_path: str) -> tuple[str, object]:
-    """A valid token for this peer and the identity's private key (cryptography RSA)."""
+_held: dict[str, str] = {}  # experiment id -> this process's newest token (the keyring may be out of reach)
+
+
+def obtain(exp, identity_path: str, code: str | None = None) -> tuple[str, object]:
+    """A valid token for this peer and the identity's private key (cryptography RSA). ``code``: the
+    invite code the app sent (a worker across a boundary cannot read the app's keyring); else the
+    keyring's."""
     if not exp.invite_key or not exp.invite_url:
         raise InviteError("invite_unconfigured", f"The catalog entry of {exp.title!r} is invite-only but names "
                                                  "no invite key or invite server.")
@@ -44,7 +50,7 @@ def obtain(exp, identity_path: str) -> tuple[str, object]:
     identity = invites.load_identity(Path(identity_path).read_bytes())
     peer_id = invites.peer_id_of_der(invites.public_der(identity))
     public_key = invites.load_public_key(exp.invite_key)
-    stored = secrets.get_token(exp.id)
+    stored = _held.get(exp.id) or _stored_token(exp.id)
     if stored:
         try:
             claims = invites.verify(stored, public_key, exp.run_id, peer_id)
@@ -59,21 +65,41 @@ def obtain(exp, identity_path: str) -> tuple[str, object]:
         if exc.code != "invite_unknown":  # revoked, unreachable: say so
             raise
     if token is None:
-        code = secrets.get_invite(exp.id)
+        code = code or secrets.get_invite(exp.id)
         if not code:
             raise InviteError("invite_missing", f"{exp.title} is invite-only and no invite code is stored for it.")
         token = invites.redeem(exp.invite_url, code, identity, exp.run_id)
     invites.verify(token, public_key, exp.run_id, peer_id)  # the server must give us what we asked for
-    secrets.set_token(exp.id, token)
+    keep(exp.id, token)
     return token, identity
 
 
-def data_token(exp, identity_path: str) -> Callable[[], str] | None:
+def _stored_token(experiment_id: str) -> str | None:
+    """The keyring's token, or None where the keyring cannot be read (a worker in WSL or on a rig
+    has none): the identity renews a token without it."""
+    try:
+        return secrets.get_token(experiment_id)
+    except secrets.SecretError as exc:
+        logger.warning("%s", exc.message)
+        return None
+
+
+def keep(experiment_id: str, token: str) -> None:
+    """Hold ``token`` for this process and store it in the keyring; a keyring that fails only costs
+    a renewal at the next start (the token in memory works until it expires)."""
+    _held[experiment_id] = token
+    try:
+        secrets.set_token(experiment_id, token)
+    except secrets.SecretError as exc:
+        logger.warning("%s", exc.message)
+
+
+def data_token(exp, identity_path: str, code: str | None = None) -> Callable[[], str] | None:
     """What gives the token the experiment's shards need: None for open data (an open experiment,
     or ``data.public``), else ``obtain``'s token (InviteError when it cannot be had)."""
     if not exp.needs_token or exp.data.public:
         return None
-    return lambda: obtain(exp, identity_path)[0]
+    return lambda: obtain(exp, identity_path, code)[0]
 
 
 def _write_identity(path: str) -> None:
@@ -127,10 +153,7 @@ class Renewer:
             self.holder.set(token)
             self.publish(token)
             self.renewals += 1
-            try:
-                secrets.set_token(self.exp.id, token)
-            except secrets.SecretError as exc:  # the token in memory still works until it expires
-                logger.warning("%s", exc.message)
+            keep(self.exp.id, token)
             logger.info("Access token renewed (valid %.0f s)", invites.read(token, self.public_key).remaining())
 
     def stop(self) -> None:

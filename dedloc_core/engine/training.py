@@ -108,7 +108,7 @@ class Session:
         if self._shards is None:
             self._state("preparing", f"Fetching data for {exp.title}")
             self._shards = fetch_in_background(exp.data.files(), self.start.data_base_url or exp.data.base_url,
-                                               invited.data_token(exp, self._identity_path()))
+                                               invited.data_token(exp, self._identity_path(), self.start.invite_code))
         return self._shards.result()
 
     def _prepare_process(self) -> None:
@@ -163,7 +163,7 @@ class Session:
         metrics.use_identity_key(cfg.identity_path)  # records signed by the key that names this peer
         token = None
         if exp.needs_token:  # invite-only: a token from the backbone, checked by every peer (gate.py)
-            token, identity = invited.obtain(exp, cfg.identity_path)
+            token, identity = invited.obtain(exp, cfg.identity_path, self.start.invite_code)
             gate.configure(exp.run_id, exp.invite_key)  # before hivemind forks the DHT and averagers
             self.token_holder = gate.TokenHolder(token)
             cfg.authorizer = gate.InviteAuthorizer(metrics.load_identity_key(cfg.identity_path), self.token_holder)

@@ -89,7 +89,7 @@ def run(control: Control, channel: EventChannel) -> int:
         identity = command.identity_path or str(paths.data_dir() / "identity.key")  # as Session's
         new_identity = not os.path.isfile(identity)
         shards = fetch_in_background(experiment.data.files(), command.data_base_url or experiment.data.base_url,
-                                     invited.data_token(experiment, identity))
+                                     invited.data_token(experiment, identity, command.invite_code))
         from .training import Session  # imports torch and hivemind (seconds) while the data comes
 
         carried = None
