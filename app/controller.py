@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from dedloc_core import autostart, joining, prefs, secrets
+from dedloc_core import autostart, gpu_runtime, joining, prefs, secrets
 from dedloc_core.catalog import Experiment, LoadResult, sources
 from dedloc_core.catalog import child as catalog_child
 from dedloc_core.errors import DedlocError, user_message
@@ -50,6 +50,15 @@ class Status:
 
 
 @dataclass(frozen=True)
+class GpuSupport:
+    """What the "This computer" page says of GPU support ("" where no GPU was found), and whether it
+    offers to install it."""
+
+    text: str
+    can_install: bool
+
+
+@dataclass(frozen=True)
 class LogEntry:
     time: float
     level: str
@@ -76,6 +85,7 @@ class ControllerView(QObject):
     notify = Signal(str, str)  # title, message: what the user should know now (the tray shows it)
     input_seen = Signal()  # the idle source's watcher thread saw user input (delivered in this thread)
     worker_place_changed = Signal(str)  # where the worker runs (worker_place)
+    gpu_support_changed = Signal(object)  # GpuSupport: what the "This computer" page says of GPU support
 
     prefs: Preferences
     prefs_problem: str | None
@@ -145,6 +155,7 @@ class Controller(ControllerView):
 
         supervisor.command = self.prefs.worker_argv()
         self.worker_host = ""  # the host name the running worker gave (its hello)
+        self._gpu_installing: str | None = None  # what the GPU runtime's install says while it runs
         supervisor.hello.connect(self._on_hello)
         supervisor.state.connect(self._on_state)
         supervisor.progress.connect(self._on_progress)
@@ -438,6 +449,67 @@ class Controller(ControllerView):
         self.worker_host = event.host
         self.worker_place_changed.emit(self.worker_place())
 
+    def gpu_support(self) -> GpuSupport:
+        """GPU support on this computer: what to say, and whether the page offers to install it."""
+        if self._gpu_installing is not None:
+            return GpuSupport(self._gpu_installing, False)
+        if not self._gpu_found():
+            return GpuSupport("", False)
+        now = gpu_runtime.current()
+        if now is not None:
+            return GpuSupport(f"GPU support installed ({now.name})", False)
+        offer = self._gpu_offer()
+        if offer is None:
+            return GpuSupport("GPU found; no GPU support is published for this version of the app: "
+                              "training runs on the CPU", False)
+        return GpuSupport(f"GPU found; GPU support not installed (download {offer.size / 1e9:.1f} GB)", True)
+
+    def _gpu_found(self) -> bool:
+        return self.hardware is not None and bool(self.hardware.gpus)
+
+    @staticmethod
+    def _gpu_offer():
+        try:
+            return gpu_runtime.for_this_machine(gpu_runtime.load_list())
+        except gpu_runtime.GpuRuntimeError as exc:
+            logger.warning("%s", exc.message)
+            return None
+
+    def install_gpu_support(self) -> None:
+        """Download and install the GPU runtime in the background; the worker restarts to use it."""
+        offer = self._gpu_offer()
+        if offer is None or self._gpu_installing is not None:
+            return
+        self._gpu_installing = f"Installing GPU support ({offer.size / 1e9:.1f} GB)…"
+        self.gpu_support_changed.emit(self.gpu_support())
+        shown = [0]
+
+        def progress(done: int, total: int) -> None:  # on the bridge's thread
+            percent = done * 100 // max(total, 1)
+            if percent > shown[0]:
+                shown[0] = percent
+                text = f"Installing GPU support: {done / 1e9:.2f} of {total / 1e9:.2f} GB"
+                self.bridge.post(lambda: self._gpu_progress(text))
+
+        def done(folder) -> None:
+            self._gpu_installing = None
+            self.note("INFO", f"GPU support installed ({folder.name})")
+            self.gpu_support_changed.emit(self.gpu_support())
+            if self.supervisor.wanted is not None:  # the worker takes the new torch when it starts
+                self.supervisor.join(self.supervisor.wanted)
+
+        def failed(exc: BaseException) -> None:
+            self._gpu_installing = None
+            self.fail(exc, doing="Installing GPU support")
+            self.gpu_support_changed.emit(self.gpu_support())
+
+        self.bridge.run(lambda: gpu_runtime.install(offer, progress=progress), done, failed)
+
+    def _gpu_progress(self, text: str) -> None:
+        if self._gpu_installing is not None:
+            self._gpu_installing = text
+            self.gpu_support_changed.emit(self.gpu_support())
+
     def worker_place(self) -> str:
         """Where the worker runs, for the window: "this computer", or the command and the host it named."""
         place = self.supervisor.where()
@@ -513,6 +585,10 @@ class Controller(ControllerView):
             sps = self.last_progress.samples_per_second if self.last_progress else 0.0
             text = f"Training {self.joined.recipe} · {sps:.0f} samples/s"
             p = self.last_progress
+            if p is not None and p.device and p.device != "CPU":
+                text += f" · on {p.device}"
+            elif p is not None and p.device_note and (self.supervisor.command or self._gpu_found()):
+                text += f" · on the CPU: {p.device_note}"  # a GPU is there (or may be, across a boundary)
             if ws.reachability and ws.reachability != "direct":  # "via relay", "outbound only", "relay lost"
                 text += f" · {ws.reachability}"
             if p is not None and p.mode == "diloco" and p.next_sync_in is not None:

@@ -27,7 +27,7 @@ from dedloc_core.prefs import Preferences
 
 from .bridge import Bridge
 from .channel import Channel
-from .controller import MAX_LOG, ControllerView, LogEntry, Status
+from .controller import MAX_LOG, ControllerView, GpuSupport, LogEntry, Status
 from .instance import default_name
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class RemoteController(ControllerView):
         self.stats_store = None  # the Statistics page opens the stats database itself
         self.swarm = None
         self.place = "this computer"  # where the worker runs, until the tray says
+        self.gpu = GpuSupport("", False)
         self.show_requested = None  # called with (page, link) when the tray asks to show the window
         self._apply(state)
         self.prefs_problem = state.get("prefs_problem")
@@ -58,6 +59,9 @@ class RemoteController(ControllerView):
             self.idle_text = str(m.get("idle", ""))
         if "worker_place" in m:
             self.place = str(m["worker_place"])
+        if "gpu_support" in m:
+            text, can_install = m["gpu_support"]
+            self.gpu = GpuSupport(str(text), bool(can_install))
         if "swarm" in m:
             from dedloc_core.stats.swarmview import SwarmSummary
 
@@ -105,6 +109,8 @@ class RemoteController(ControllerView):
             self.peer_id_changed.emit(m["peer_id"])
         elif kind == "worker_place":
             self.worker_place_changed.emit(self.place)
+        elif kind == "gpu_support":
+            self.gpu_support_changed.emit(self.gpu)
         elif kind == "show" and self.show_requested is not None:
             self.show_requested(m.get("page"), m.get("link"))
         elif kind == "quit":
@@ -115,6 +121,12 @@ class RemoteController(ControllerView):
 
     def worker_place(self) -> str:
         return self.place
+
+    def gpu_support(self) -> GpuSupport:
+        return self.gpu
+
+    def install_gpu_support(self) -> None:
+        self.channel.send("install_gpu_support")
 
     # ---- what the user does: carried out by the tray -------------------------------------------
 

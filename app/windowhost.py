@@ -40,7 +40,8 @@ class WindowHost(QObject):
         c.progress.connect(lambda _: self._send("progress"))
         c.joined_changed.connect(lambda _: self._send("joined"))
         c.catalog_changed.connect(lambda r: self._send("catalog", catalog=catalog_child.encode(r)))
-        c.hardware_changed.connect(lambda hw: self._send("hardware", hardware=asdict(hw), idle=c.idle_source_text()))
+        c.hardware_changed.connect(lambda hw: self._send("hardware", hardware=asdict(hw), idle=c.idle_source_text(),
+                                                         gpu_support=astuple(c.gpu_support())))
         c.prefs_changed.connect(lambda p: self._send("prefs", prefs=prefs_mod.to_json(p)))
         c.prefs_warning.connect(lambda text: self._send("prefs_warning", text=text))
         c.logged.connect(lambda e: self._send("log", entry=astuple(e)))
@@ -48,6 +49,7 @@ class WindowHost(QObject):
         c.swarm_changed.connect(lambda s: self._send("swarm", swarm=msgspec.to_builtins(s)))
         c.peer_id_changed.connect(lambda peer_id: self._send("peer_id", peer_id=peer_id))
         c.worker_place_changed.connect(lambda place: self._send("worker_place", worker_place=place))
+        c.gpu_support_changed.connect(lambda g: self._send("gpu_support", gpu_support=astuple(g)))
         c.quitting.connect(lambda: self._send("quit"))
 
     def show(self, page: str | None = None, link: str | None = None) -> None:
@@ -81,7 +83,7 @@ class WindowHost(QObject):
         return {"prefs": prefs_mod.to_json(c.prefs), "prefs_problem": c.prefs_problem,
                 "catalog": catalog_child.encode(c.catalog) if c.catalog is not None else None,
                 "hardware": asdict(c.hardware) if c.hardware is not None else None, "idle": c.idle_source_text(),
-                "worker_place": c.worker_place(),
+                "worker_place": c.worker_place(), "gpu_support": astuple(c.gpu_support()),
                 "swarm": msgspec.to_builtins(c.swarm) if c.swarm is not None else None,
                 "log": [astuple(e) for e in c.log_entries], **self._live()}
 
@@ -121,6 +123,8 @@ class WindowHost(QObject):
                 c.remove_source(str(message["url"]))
             elif kind == "join_with_invite":
                 c.join_with_invite(str(message["id"]), str(message["code"]))
+            elif kind == "install_gpu_support":
+                c.install_gpu_support()
             else:
                 logger.warning("Unknown command from the window: %r", kind[:100])
         except (KeyError, TypeError, ValueError) as exc:  # msgspec's ValidationError is a ValueError

@@ -18,7 +18,8 @@ The code is organized in rooms, one package each, and a few shared light modules
   reading validation errors, field metadata),
   ``autostart`` (start at login), ``workerproc`` (starting and stopping a worker, no Qt),
   ``backboneproc`` (the same for a backbone node), ``proctree`` (stopping a process with everything
-  it started), ``environ`` (the ``DEDLOC_*`` environment variables), ``cli`` (the ``dedloc`` command).
+  it started), ``environ`` (the ``DEDLOC_*`` environment variables), ``cli`` (the ``dedloc`` command),
+  ``gpu_runtime`` and ``gpu_runtime_cli`` (a CUDA build of torch, installed on demand, and its command).
 
 The line: only ``engine`` imports torch or hivemind. Everything else is light (the tray app may
 import it) and never imports the engine, except ``cli`` and ``organizer.backbone``, which start it

@@ -16,6 +16,7 @@ _DELEGATED = {
     "self-test": "dedloc_core.engine.selftest",
     "catalog-child": "dedloc_core.catalog.child",
     "data": "dedloc_core.organizer.dataprep",
+    "gpu-runtime": "dedloc_core.gpu_runtime_cli",
 }
 
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("self-test", help="check this installation: hardware, a DHT on 127.0.0.1, a few training steps")
     sub.add_parser("stats", help="this computer's contribution totals (today, this week, all time)")
     sub.add_parser("data", help="prepare an organizer's data: tokenizer, token shards, held-out shard")
+    sub.add_parser("gpu-runtime", help="install, switch back or show the GPU runtime (a CUDA build of torch)")
     catalog_cli.register(sub)
     invite_cli.register(sub)
     args = parser.parse_args(argv)

@@ -134,6 +134,9 @@ class Progress(_Tagged, tag="progress"):
     mode: str | None = None  # the experiment's training mode, "sync" or "diloco"
     next_sync_in: float | None = None  # diloco: seconds to this peer's next outer sync (0 while one runs)
     reachability: str | None = None  # "direct", "via relay" or "outbound only"
+    device: str = ""  # what it trains on: "CPU" or the GPU's name
+    device_note: str = ""  # on the CPU though a GPU may be there: why ("GPU support not installed", ...)
+    gpu_runtime: str | None = None  # the GPU runtime in use (dedloc_core.gpu_runtime); None: the bundled torch
 
 
 class Stats(_Tagged, tag="stats"):

@@ -388,6 +388,40 @@ def test_a_pause_while_the_worker_starts_takes_effect_at_once(make_app, qtbot, h
     assert app.supervisor.worker.pid == worker.pid  # the same worker, thawed
 
 
+def test_the_computer_page_offers_gpu_support_where_a_gpu_is_and_installs_it(make_app, qtbot, home, tmp_path,
+                                                                             monkeypatch):
+    """A GPU found (a named test double: this machine has none) and a runtime published: the page
+    says how much it downloads and installs it from a real HTTP index; with no GPU it offers nothing."""
+    from test_gpu_runtime import listing, make_wheel
+
+    from dedloc_core import gpu_runtime
+    from dedloc_core.organizer.httpserve import FileServer
+    from dedloc_core.policy.hardware import Gpu, Hardware
+
+    index = tmp_path / "index"
+    index.mkdir()
+    wheel = make_wheel(index, "gpupkg", "1.0", "V = 1\n")
+    server = FileServer()
+    server.serve_dir("/simple/", index)
+    with server:
+        pinned = listing(tmp_path / "list.json", server.url + "simple/", {"rt-test": [wheel]})
+        real = gpu_runtime.load_list
+        monkeypatch.setattr(gpu_runtime, "load_list", lambda path=None: real(path or pinned))
+        app = make_app()
+        page = app.window.show_page("This computer")
+        with_gpu = Hardware("a CPU", 8, 16, 64.0, 500.0, gpus=[Gpu("GeForce RTX 3080", 10240, "550.54")])
+        app.controller._on_hardware(with_gpu)
+        assert page.gpu_label.text() == "GPU found; GPU support not installed (download 0.0 GB)"
+        assert page.install_button.isVisibleTo(page)
+        page.install_button.click()
+        qtbot.waitUntil(lambda: page.gpu_label.text() == "GPU support installed (rt-test)", timeout=30000)
+        assert not page.install_button.isVisibleTo(page)
+        assert gpu_runtime.current(home / "data" / "gpu-runtime").name == "rt-test"
+        assert any(e.message == "GPU support installed (rt-test)" for e in app.controller.log_entries)
+    app.controller._on_hardware(Hardware("a CPU", 8, 16, 64.0, 500.0, gpus=[]))
+    assert not page.gpu_label.isVisibleTo(page) and not page.install_button.isVisibleTo(page)
+
+
 def test_a_worker_started_through_its_own_command_is_paused_by_command_and_shown(
         make_app, qtbot, home, signed_catalog_server, tmp_path):
     """A worker across a boundary (the "Run the worker with" preference): no signal reaches it, so a

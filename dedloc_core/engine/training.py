@@ -17,7 +17,7 @@ from concurrent.futures import Future
 import psutil
 import torch
 
-from dedloc_core import environ, paths, proctree
+from dedloc_core import environ, gpu_runtime, paths, proctree
 from dedloc_core.catalog.model import Experiment, experiment_from
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
@@ -439,6 +439,7 @@ class Session:
                 mode=self.experiment.mode,
                 **swarm_fields,
                 reachability=self._reachability(),
+                **self._device(),
             )
         )
         self.channel.send(
@@ -458,6 +459,23 @@ class Session:
         if metrics_due(self._published, opt.local_epoch, now):
             self._published = (opt.local_epoch, now)
             self._publish_metrics(local_sps)
+
+    def _device(self) -> dict:
+        """What it trains on, and on the CPU why not on a GPU: the truth the app shows."""
+        torch, runtime = self.torch, gpu_runtime.active()
+        runtime_name = runtime.name if runtime is not None else None
+        param = next(self.model.parameters(), None)
+        if param is not None and param.device.type == "cuda":
+            return dict(device=torch.cuda.get_device_name(param.device), gpu_runtime=runtime_name)
+        if torch.version.cuda is None:
+            note = "GPU support not installed"
+        elif self.limits.use_gpu is False:
+            note = "GPU use is off"
+        elif not torch.cuda.is_available():
+            note = "the GPU runtime found no usable GPU"
+        else:
+            note = ""
+        return dict(device="CPU", device_note=note, gpu_runtime=runtime_name)
 
     def _on_gpu(self) -> bool:
         param = next(self.model.parameters(), None)

@@ -22,7 +22,7 @@ import threading
 
 import msgspec
 
-from dedloc_core import __version__, environ, paths
+from dedloc_core import __version__, environ, gpu_runtime, paths
 from dedloc_core.errors import EXIT_EXPLAINED, EXIT_UNEXPECTED, DedlocError, WorkerError, user_message
 from dedloc_core.protocol import Error, Hello, Start, State, Stop
 from dedloc_core.workerproc import SOCKET_DIR_PREFIX
@@ -31,7 +31,7 @@ from . import invited
 from .channel import Control, EventChannel, EventLogHandler, read_commands
 from .shard_cache import fetch_in_background
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("dedloc_core.engine.worker")  # not "__main__" when run with -m
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +90,14 @@ def run(control: Control, channel: EventChannel) -> int:
         new_identity = not os.path.isfile(identity)
         shards = fetch_in_background(experiment.data.files(), command.data_base_url or experiment.data.base_url,
                                      invited.data_token(experiment, identity, command.invite_code))
+        runtime = gpu_runtime.activate()  # an installed CUDA build of torch comes before the bundled one
         from .training import Session  # imports torch and hivemind (seconds) while the data comes
+
+        if runtime is not None:
+            import torch
+
+            logger.info("GPU runtime %s: torch %s from %s", runtime.name, torch.__version__,
+                        os.path.dirname(torch.__file__))
 
         carried = None
         while True:
