@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 def _socket_dir() -> str | None:
     """The folder for hivemind's unix sockets: the supervisor's (``DEDLOC_SOCKET_DIR``), or, for a
     worker started across a boundary, one of its own, removed at exit (returned)."""
-    if os.environ.get(environ.SOCKET_DIR.name):
+    if environ.SOCKET_DIR.optional():
         return None
     folder = os.environ[environ.SOCKET_DIR.name] = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
     return folder
