@@ -128,3 +128,78 @@ def dbus_session() -> Iterator[str]:
         proc.terminate()
         proc.wait(5)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+APPINDICATOR = "ubuntu-appindicators@ubuntu.com"  # Debian's gnome-shell-extension-appindicator
+
+
+@contextlib.contextmanager
+def gnome_session(folder: Path) -> Iterator[dict[str, str]]:
+    """A real GNOME Shell (mutter, X11 mode) on Xvfb with Debian's AppIndicator extension enabled, its
+    own session bus (with service activation: dconf) and a stand-in system bus; yields the environment
+    that reaches it (DISPLAY, DBUS_SESSION_BUS_ADDRESS, HOME, XDG_*) once Mutter's IdleMonitor answers
+    and a StatusNotifier host is registered. Needs root (gnome-shell must not find logind: there is no
+    system bus here, so /run/systemd is hidden in a mount namespace of its own)."""
+    need("gnome-shell", "gsettings", "gdbus", "dbus-daemon", "unshare")
+    if not Path("/usr/share/gnome-shell/extensions", APPINDICATOR).is_dir():
+        pytest.skip("needs gnome-shell-extension-appindicator (apt-get install: see .ci/run)")
+    if os.geteuid() != 0:
+        pytest.skip("gnome-shell here runs in a mount namespace (root)")
+    home, runtime = folder / "home", folder / "run"
+    home.mkdir(parents=True)
+    runtime.mkdir(mode=0o700)
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+           "XDG_DATA_HOME": str(home / ".local" / "share"), "XDG_RUNTIME_DIR": str(runtime), "NO_AT_BRIDGE": "1"}
+    env.pop("DBUS_SESSION_BUS_ADDRESS", None)
+    procs: list[subprocess.Popen] = []
+    with xvfb() as display:
+        env["DISPLAY"] = display
+        try:
+            for bus, name in (("session", "DBUS_SESSION_BUS_ADDRESS"), ("system", "DBUS_SYSTEM_BUS_ADDRESS")):
+                daemon = subprocess.Popen(["dbus-daemon", "--config-file=/usr/share/dbus-1/session.conf", "--nofork",
+                                           f"--address=unix:path={folder}/{bus}-bus", "--print-address=1"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                procs.append(daemon)
+                env[name] = daemon.stdout.readline().strip()  # type: ignore[union-attr]
+            subprocess.run(["gsettings", "set", "org.gnome.shell", "enabled-extensions", f"['{APPINDICATOR}']"],
+                           env=env, check=True, timeout=30)
+            shell = "exec gnome-shell --x11 --replace --sm-disable"
+            if Path("/run/systemd/seats").exists():  # gnome-shell would take it for logind and fail without it
+                shell = "mount -t tmpfs tmpfs /run/systemd && " + shell
+            procs.append(subprocess.Popen(["unshare", "--mount", "sh", "-c", shell], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=open(folder / "gnome-shell.log", "w")))
+            deadline = time.monotonic() + 120
+            while not (_answers(env, "org.gnome.Mutter.IdleMonitor", "/org/gnome/Mutter/IdleMonitor/Core",
+                                "org.gnome.Mutter.IdleMonitor.GetIdletime")
+                       and "true" in _answers(env, "org.kde.StatusNotifierWatcher", "/StatusNotifierWatcher",
+                                              "org.freedesktop.DBus.Properties.Get", "org.kde.StatusNotifierWatcher",
+                                              "IsStatusNotifierHostRegistered")):
+                if time.monotonic() > deadline or procs[-1].poll() is not None:
+                    raise RuntimeError("GNOME Shell did not come up: "
+                                       + (folder / "gnome-shell.log").read_text()[-3000:])
+                time.sleep(0.5)
+            yield env
+        finally:
+            for p in reversed(procs):
+                stop(p, 10)
+            _kill_activated(str(runtime))
+
+
+def _kill_activated(runtime: str) -> None:
+    """The services the session bus started (dconf, the a11y bus, the shell's calendar server): they
+    share the session's XDG_RUNTIME_DIR and may outlive its bus for a moment."""
+    import psutil
+
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("XDG_RUNTIME_DIR") == runtime:
+                proc.kill()
+        except psutil.Error:
+            pass
+
+
+def _answers(env: dict[str, str], dest: str, path: str, method: str, *args: str) -> str:
+    """What a D-Bus call on the session bus returned ("" if it failed)."""
+    out = subprocess.run(["gdbus", "call", "--session", "--dest", dest, "--object-path", path, "--method", method,
+                          *args], env=env, capture_output=True, text=True, timeout=10)
+    return out.stdout if out.returncode == 0 else ""
