@@ -22,6 +22,7 @@ from dedloc_core.errors import DedlocError, user_message
 from dedloc_core.policy import hardware, idle
 from dedloc_core.policy.contributor import Contributor, Pause, ReleaseWorker, Resume, SetLimits, StartWorker
 from dedloc_core.policy.idle import NullIdle
+from dedloc_core.policy.rules import GPU_COOL_C
 from dedloc_core.policy.sampler import Sampler, gpu_probe
 from dedloc_core.prefs import Preferences
 from dedloc_core.protocol import Error, Limits, Log, Progress, State
@@ -86,6 +87,7 @@ class ControllerView(QObject):
     input_seen = Signal()  # the idle source's watcher thread saw user input (delivered in this thread)
     worker_place_changed = Signal(str)  # where the worker runs (worker_place)
     gpu_support_changed = Signal(object)  # GpuSupport: what the "This computer" page says of GPU support
+    gpu_reading_changed = Signal(str)  # the GPU's temperature now, for the Contribution page ("": none)
 
     prefs: Preferences
     prefs_problem: str | None
@@ -156,6 +158,7 @@ class Controller(ControllerView):
         supervisor.command = self.prefs.worker_argv()
         self.worker_host = ""  # the host name the running worker gave (its hello)
         self._gpu_installing: str | None = None  # what the GPU runtime's install says while it runs
+        self._gpu_reading = ""
         supervisor.hello.connect(self._on_hello)
         supervisor.state.connect(self._on_state)
         supervisor.progress.connect(self._on_progress)
@@ -405,7 +408,22 @@ class Controller(ControllerView):
                     self.note("INFO", f"Paused for long ({action.reason}): the worker stops to free memory; "
                                       "it rejoins when contributing resumes")
                     self.supervisor.leave()
+        reading = self.gpu_reading()
+        if reading != self._gpu_reading:
+            self._gpu_reading = reading
+            self.gpu_reading_changed.emit(reading)
         self._update_status()
+
+    def gpu_reading(self) -> str:
+        """The hottest GPU's temperature the policy last saw, and whether it took the GPU off for it."""
+        sample = self.contributor.sample
+        temp = sample.gpu_temp_c if sample is not None else None
+        if temp is None:
+            return ""
+        decision, limit = self.contributor.decision, self.prefs.gpu_temp_limit_c
+        if decision is not None and decision.gpu_hot and limit is not None:
+            return f"GPU at {temp:.0f} °C now: off until it is {limit - GPU_COOL_C} °C"
+        return f"GPU at {temp:.0f} °C now"
 
     def _start_worker(self, limits: Limits) -> None:
         exp = self.joined

@@ -41,6 +41,7 @@ class RemoteController(ControllerView):
         self.swarm = None
         self.place = "this computer"  # where the worker runs, until the tray says
         self.gpu = GpuSupport("", False)
+        self.reading = ""
         self.show_requested = None  # called with (page, link) when the tray asks to show the window
         self._apply(state)
         self.prefs_problem = state.get("prefs_problem")
@@ -59,6 +60,8 @@ class RemoteController(ControllerView):
             self.idle_text = str(m.get("idle", ""))
         if "worker_place" in m:
             self.place = str(m["worker_place"])
+        if "gpu_reading" in m:
+            self.reading = str(m["gpu_reading"])
         if "gpu_support" in m:
             text, can_install = m["gpu_support"]
             self.gpu = GpuSupport(str(text), bool(can_install))
@@ -111,6 +114,8 @@ class RemoteController(ControllerView):
             self.worker_place_changed.emit(self.place)
         elif kind == "gpu_support":
             self.gpu_support_changed.emit(self.gpu)
+        elif kind == "gpu_reading":
+            self.gpu_reading_changed.emit(self.reading)
         elif kind == "show" and self.show_requested is not None:
             self.show_requested(m.get("page"), m.get("link"))
         elif kind == "quit":
@@ -124,6 +129,9 @@ class RemoteController(ControllerView):
 
     def gpu_support(self) -> GpuSupport:
         return self.gpu
+
+    def gpu_reading(self) -> str:
+        return self.reading
 
     def install_gpu_support(self) -> None:
         self.channel.send("install_gpu_support")

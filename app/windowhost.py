@@ -50,6 +50,7 @@ class WindowHost(QObject):
         c.peer_id_changed.connect(lambda peer_id: self._send("peer_id", peer_id=peer_id))
         c.worker_place_changed.connect(lambda place: self._send("worker_place", worker_place=place))
         c.gpu_support_changed.connect(lambda g: self._send("gpu_support", gpu_support=astuple(g)))
+        c.gpu_reading_changed.connect(lambda text: self._send("gpu_reading", gpu_reading=text))
         c.quitting.connect(lambda: self._send("quit"))
 
     def show(self, page: str | None = None, link: str | None = None) -> None:
@@ -84,6 +85,7 @@ class WindowHost(QObject):
                 "catalog": catalog_child.encode(c.catalog) if c.catalog is not None else None,
                 "hardware": asdict(c.hardware) if c.hardware is not None else None, "idle": c.idle_source_text(),
                 "worker_place": c.worker_place(), "gpu_support": astuple(c.gpu_support()),
+                "gpu_reading": c.gpu_reading(),
                 "swarm": msgspec.to_builtins(c.swarm) if c.swarm is not None else None,
                 "log": [astuple(e) for e in c.log_entries], **self._live()}
 

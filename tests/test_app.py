@@ -422,6 +422,27 @@ def test_the_computer_page_offers_gpu_support_where_a_gpu_is_and_installs_it(mak
     assert not page.gpu_label.isVisibleTo(page) and not page.install_button.isVisibleTo(page)
 
 
+def test_the_contribution_page_shows_the_gpu_temperature_beside_its_limit(make_app, qtbot, home, signed_catalog_server):
+    """The reading the temperature cap is held against (a named test double for NVML: no GPU here),
+    and, above the limit, that the GPU is off until 5 °C cooler."""
+    from dedloc_core.policy.idle import NullIdle
+    from dedloc_core.policy.sampler import FixedGpuProbe, Sampler
+
+    write_prefs(home, consent=True, idle_only=False, other_cpu_limit=None, gpu_temp_limit_c=70)
+    app = make_app()
+    page = app.window.show_page("Contribution")
+    assert not page.gpu_reading.isVisibleTo(page)  # no reading yet
+    probe = FixedGpuProbe(temperature=71.0)
+    app.controller.contributor.sampler = Sampler(NullIdle(), probe, own_pids=lambda: [], slow_period=0.0)
+    assert app.controller.join("tiny-lm-test")
+    qtbot.waitUntil(lambda: page.gpu_reading.text() == "GPU at 71 °C now: off until it is 65 °C", timeout=5000)
+    assert page.gpu_reading.isVisibleTo(page)
+    probe.temp = 66.0  # cooler, not yet 5 °C under the limit: still off
+    qtbot.waitUntil(lambda: page.gpu_reading.text() == "GPU at 66 °C now: off until it is 65 °C", timeout=5000)
+    probe.temp = 60.0
+    qtbot.waitUntil(lambda: page.gpu_reading.text() == "GPU at 60 °C now", timeout=5000)
+
+
 def test_a_worker_started_through_its_own_command_is_paused_by_command_and_shown(
         make_app, qtbot, home, signed_catalog_server, tmp_path):
     """A worker across a boundary (the "Run the worker with" preference): no signal reaches it, so a

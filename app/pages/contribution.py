@@ -47,6 +47,9 @@ class ContributionPage(QWidget):
         super().__init__()
         self.controller = controller
         self.widgets: dict[str, QWidget] = {}
+        self.gpu_reading = QLabel()
+        controller.gpu_reading_changed.connect(self.show_gpu_reading)
+        self.show_gpu_reading(controller.gpu_reading())
         inner = QWidget()
         column = QVBoxLayout(inner)
         for section, names in SECTIONS.items():
@@ -62,6 +65,8 @@ class ContributionPage(QWidget):
                     form.addRow(f"{field.title}:", widget)
                 if field.description and not isinstance(widget, (QSpinBox, QDoubleSpinBox)):
                     widget.setToolTip(field.description)
+                if name == "gpu_temp_limit_c":  # the reading the limit is held against
+                    form.addRow("", self.gpu_reading)
             column.addWidget(box)
         column.addStretch(1)
         scroll = QScrollArea()
@@ -82,6 +87,10 @@ class ContributionPage(QWidget):
         self.revert_button.clicked.connect(lambda: self.load(controller.prefs))
         controller.prefs_changed.connect(self.load)
         self.load(controller.prefs)
+
+    def show_gpu_reading(self, text: str) -> None:
+        self.gpu_reading.setText(text)
+        self.gpu_reading.setVisible(bool(text))
 
     def _widget(self, name: str) -> QWidget:
         field = FIELDS[name]

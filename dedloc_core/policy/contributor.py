@@ -64,6 +64,7 @@ class Contributor:
         self.sampler = sampler
         self.clock, self.monotonic = clock, monotonic
         self.worker = "released"
+        self.sample = None  # the last Sample the policy decided on
         self.decision: Decision | None = None
         self.user_paused = False
         self.snoozed_until: datetime | None = None
@@ -123,7 +124,7 @@ class Contributor:
 
     def tick(self) -> list[Action]:
         """Sample, decide, and return what to do with the worker now."""
-        s = self.sampler.sample()
+        s = self.sample = self.sampler.sample()
         now = self.clock()
         quota = self.prefs.daily_quota_mb
         d = decide(Inputs(
