@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import shlex
+import sys
 import time
 from dataclasses import dataclass
 from datetime import time as clock
@@ -92,7 +93,8 @@ class Preferences(msgspec.Struct, frozen=True):
     start_at_login: Annotated[bool, Meta(title="Start when I log in")] = False
     worker_command: Annotated[str, Meta(max_length=500, title="Run the worker with",
                                         description="A command that starts dedloc worker elsewhere, e.g. "
-                                                    "ssh rig dedloc worker; empty: on this computer.")] = ""
+                                                    "ssh rig dedloc worker; empty: on this computer "
+                                                    "(on Windows: in the DeDLOC WSL distro).")] = ""
 
     def __post_init__(self) -> None:
         coerce_floats(self)  # idle_minutes=5 is saved as 5.0, as it is read back
@@ -108,9 +110,16 @@ class Preferences(msgspec.Struct, frozen=True):
             raise ValueError(f"preferences version {self.version}; this app reads version {PREFS_VERSION}")
 
     def worker_argv(self) -> list[str] | None:
-        """The worker command as arguments; None: the worker runs on this computer."""
+        """The worker command as arguments; None: the worker runs on this computer. On Windows, where
+        no worker runs natively, the default is the WSL distro that the installer imports."""
+        if not self.worker_command.strip() and sys.platform == "win32":
+            return list(WSL_WORKER)
         return shlex.split(self.worker_command) or None
 
+
+# The worker on Windows: in the WSL2 distro that installers/windows/dedloc.iss imports
+# (installers/build_wsl.sh), run without a shell, driven over stdin and stdout.
+WSL_WORKER = ("wsl.exe", "-d", "DeDLOC", "--exec", "/usr/bin/dedloc", "worker")
 
 _HOURS_MINUTES = re.compile(r"^\d\d:\d\d$")
 

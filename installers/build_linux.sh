@@ -4,6 +4,7 @@
 #   dist/dedloc-volunteer_VERSION_ARCH.deb           installs it under /opt/dedloc-volunteer, with a
 #                                                    launcher, an icon and /usr/bin/dedloc
 #   dist/dedloc-volunteer-VERSION-linux-MACHINE.tar.gz   the bundle as an archive
+#   dist/dedloc-volunteer-VERSION-wsl-MACHINE.tar.gz     the WSL2 distro of the worker (build_wsl.sh)
 # Usage: installers/build_linux.sh [--no-bundle]   (--no-bundle: package an existing dist/dedloc)
 # Environment: PYTHON (default .venv/bin/python), DEB_COMPRESSION (default zstd; xz for smaller
 # release files, gzip for dpkg older than 1.21.18), TAR_GZIP_LEVEL (default 1: fast).
@@ -89,3 +90,6 @@ GZ="gzip -$TAR_GZIP_LEVEL"
 command -v pigz >/dev/null && GZ="pigz -$TAR_GZIP_LEVEL"
 tar -C "$DIST" --owner=0 --group=0 -cf - dedloc | $GZ > "$TGZ"
 echo "tar.gz: $TGZ ($(size "$TGZ")) in $(took "$t")"
+
+# ---- the WSL2 distro (the Windows app's worker) ------------------------------------------------
+PYTHON="$PY" TAR_GZIP_LEVEL="$TAR_GZIP_LEVEL" bash installers/build_wsl.sh

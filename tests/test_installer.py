@@ -211,3 +211,36 @@ def test_tar_gz_holds_the_bundle(built):
                 assert member.mode & 0o111 and member.uid == 0
     assert {"dedloc/dedloc", "dedloc/_internal/hivemind/hivemind_cli/p2pd",
             "dedloc/_internal/resources/catalog/default.json"} <= names
+
+
+def test_the_wsl_distro_runs_the_worker_with_nothing_of_this_machine(built, corpus_server, tmp_path):
+    """The WSL2 distro (installers/build_wsl.sh), unpacked and entered with chroot in mount and PID
+    namespaces of its own, as ``wsl --import`` would give it its own root: ``dedloc worker`` there
+    trains, pauses and resumes through the protocol, with no file, library or variable of ours."""
+    from test_worker_boundary import start, train_pause_resume
+
+    from dedloc_core.workerproc import WorkerProcess
+
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("chroot"):
+        pytest.skip("chroot and mount namespaces need root and unshare")
+    tars = list(DIST.glob(f"{NAME}-*-wsl-*.tar.gz"))
+    assert len(tars) == 1, tars
+    print(f"\nWSL distro {tars[0].name}: {_size(tars[0]) / 2**20:.0f} MiB")
+    root = tmp_path / "distro"
+    root.mkdir()
+    subprocess.run(["tar", "-C", str(root), "-xzf", str(tars[0])], check=True)
+    assert os.access(root / "usr" / "bin" / "dedloc", os.X_OK) and (root / "bin" / "sh").is_file()
+    assert not (root / "opt" / NAME / "_internal" / "PySide6" / "Qt").exists()  # the tray app runs on Windows
+    assert "default=root" in (root / "etc" / "wsl.conf").read_text()
+    inner = (f"mount --rbind /dev {root}/dev && mount -t proc proc {root}/proc && "
+             f"mount -t tmpfs tmpfs {root}/tmp && {shutil.which('chroot')} {root} /usr/bin/dedloc worker")
+    command = ["unshare", "--mount", "--pid", "--fork", "--propagation", "private", "sh", "-c", inner]
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "DEDLOC_LOG_LEVEL": "INFO", "LANG": "C.UTF-8"}
+    worker = WorkerProcess(command=command, env=env, stderr=open(tmp_path / "worker.log", "w"))
+    try:
+        worker.start(hello_timeout=120)
+        train_pause_resume(worker, start(corpus_server.url))
+        assert worker.stop(timeout=30).name == "OK"
+    finally:
+        worker.kill()
+    assert list((root / "root").rglob("identity.key")), "the worker's identity is not in the distro's home"

@@ -98,3 +98,11 @@ def test_the_worker_command_is_read_as_arguments_and_a_broken_one_is_refused():
     assert given.worker_argv() == ["ssh", "my rig", "dedloc", "worker"]
     with pytest.raises(ValueError, match="worker command"):
         prefs.validate({"worker_command": "ssh 'my rig dedloc worker"})
+
+
+def test_on_windows_the_worker_runs_in_the_wsl_distro_unless_told_otherwise(monkeypatch):
+    monkeypatch.setattr(prefs.sys, "platform", "win32")
+    assert Preferences().worker_argv() == ["wsl.exe", "-d", "DeDLOC", "--exec", "/usr/bin/dedloc", "worker"]
+    assert prefs.validate({"worker_command": "ssh rig dedloc worker"}).worker_argv()[0] == "ssh"
+    monkeypatch.setattr(prefs.sys, "platform", "linux")
+    assert Preferences().worker_argv() is None

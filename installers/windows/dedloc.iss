@@ -1,11 +1,12 @@
 ; Inno Setup recipe for Windows (run on Windows: `pyinstaller installers\dedloc.spec`, then
-; `iscc installers\windows\dedloc.iss`). Not built by CI.
+; `iscc installers\windows\dedloc.iss`, with the WSL distro built on Linux by `make bundle` copied to
+; dist\dedloc-volunteer-wsl.tar.gz). Not built by CI, never run on Windows by us: see README, "Platforms".
 ;
-; STATUS: Windows is NOT supported yet. hivemind needs fork, uvloop and Unix sockets, and its p2pd
-; daemon ships for Linux and macOS only, so the training worker cannot run on native Windows. This
-; installer packages the tray app and the command line only, and says so before installing. To
-; volunteer from Windows today, use WSL2 (Ubuntu) and install the Linux .deb inside it (WSLg shows
-; the app's window). See README, section "Platforms".
+; The tray app runs natively; the training worker runs in a WSL2 distro of its own ("DeDLOC"), imported
+; from the tarball, which the app starts as `wsl.exe -d DeDLOC --exec /usr/bin/dedloc worker` and drives
+; over stdin and stdout only (dedloc_core.prefs.WSL_WORKER). hivemind needs fork, uvloop and Unix
+; sockets, and its p2pd daemon ships for Linux and macOS only: no worker runs on Windows itself. Where
+; WSL is missing the installer says how to enable it, and installs the app anyway.
 
 #define AppName "DeDLOC Volunteer"
 #ifndef AppVersion
@@ -33,6 +34,16 @@ WizardStyle=modern
 [Files]
 ; The PyInstaller one-folder bundle (dist\dedloc\dedloc.exe and dist\dedloc\_internal).
 Source: "..\..\dist\dedloc\*"; DestDir: "{app}"; Flags: ignoreversion recursesubdirs createallsubdirs
+; The worker's distro (installers/build_wsl.sh), imported below and then deleted.
+Source: "..\..\dist\dedloc-volunteer-wsl.tar.gz"; DestDir: "{tmp}"; Flags: deleteafterinstall
+
+[Run]
+; Replaces an older import of the distro (its data folder: the worker's identity and cache go with it).
+Filename: "{sys}\wsl.exe"; Parameters: "--unregister DeDLOC"; Flags: runhidden; Check: HasWsl
+Filename: "{sys}\wsl.exe"; Parameters: "--import DeDLOC ""{localappdata}\DeDLOC Volunteer\wsl"" ""{tmp}\dedloc-volunteer-wsl.tar.gz"" --version 2"; StatusMsg: "Setting up the training worker (WSL2)..."; Flags: runhidden; Check: HasWsl
+
+[UninstallRun]
+Filename: "{sys}\wsl.exe"; Parameters: "--unregister DeDLOC"; Flags: runhidden; RunOnceId: "UnregisterDistro"
 
 [Icons]
 Name: "{group}\{#AppName}"; Filename: "{app}\dedloc.exe"; Parameters: "app"
@@ -43,10 +54,17 @@ Name: "{group}\Uninstall {#AppName}"; Filename: "{uninstallexe}"
 Root: HKCU; Subkey: "Software\Microsoft\Windows\CurrentVersion\Run"; ValueName: "{#AppName}"; Flags: uninsdeletevalue dontcreatekey
 
 [Code]
+function HasWsl(): Boolean;
+begin
+  Result := FileExists(ExpandConstant('{sys}\wsl.exe'));
+end;
+
 function InitializeSetup(): Boolean;
 begin
-  Result := MsgBox('Windows is not supported yet: the training worker (hivemind) runs only on Linux and macOS.' + #13#10 + #13#10 +
-    'To volunteer from this PC, install the Linux package inside WSL2 (Ubuntu) instead.' + #13#10 + #13#10 +
-    'Install the app anyway (it can show experiments and statistics but cannot train)?',
-    mbConfirmation, MB_YESNO) = IDYES;
+  Result := True;
+  if not HasWsl() then
+    Result := MsgBox('The training worker runs in WSL2, which is not enabled on this PC.' + #13#10 + #13#10 +
+      'To enable it, open PowerShell as administrator, run "wsl --install", restart, and run this installer again.' + #13#10 + #13#10 +
+      'Install the app anyway (it can show experiments and statistics but cannot train)?',
+      mbConfirmation, MB_YESNO) = IDYES;
 end;
