@@ -28,10 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # what the bundle carries anyway: pinned packages at the version installed here are left out
 BUNDLED = {"filelock", "typing-extensions", "setuptools", "sympy", "mpmath", "networkx", "jinja2", "markupsafe",
            "fsspec", "numpy"}
-PLATFORMS = ("manylinux_2_28", "manylinux_2_27", "manylinux_2_24", "manylinux_2_17", "manylinux2014", "linux")
+# the wheel tags a volunteer's Linux takes (pip expands none of them when --platform is given); glibc 2.28
+# and newer: the bundle's own floor is higher (a build on Debian 12 needs 2.36)
+PLATFORMS = (*(f"manylinux_2_{minor}" for minor in range(36, 16, -1)), "manylinux2014", "linux")
 
 
-def resolve(requirement: str, index_url: str | None, find_links: str | None) -> list[dict]:
+def resolve(requirement: str, index_url: str | None, find_links: str | None, extra: list[str]) -> list[dict]:
     """pip's install report for ``requirement`` on this Python and machine (nothing installed)."""
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
@@ -45,8 +47,25 @@ def resolve(requirement: str, index_url: str | None, find_links: str | None) -> 
             command += ["--index-url", index_url]
         if find_links:
             command += ["--find-links", find_links]
+        for url in extra:
+            command += ["--extra-index-url", url]
         subprocess.run([*command, requirement], check=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
         return json.loads(report.read_text())["install"]
+
+
+def public_url(project: str, file: str, sha256: str, index: str) -> str:
+    """The public index's URL of ``file`` (a wheel pip found in a local mirror), checked to be the same
+    file: the index's SHA-256 for it must be ours."""
+    import re
+
+    page = urllib.request.urlopen(f"{index.rstrip('/')}/{project}/", timeout=60).read().decode()
+    for href in re.findall(r'href="([^"]+)"', page):
+        url, _, fragment = href.partition("#")
+        if urllib.parse.unquote(url.rsplit("/", 1)[1]) == file:
+            if fragment != f"sha256={sha256}":
+                raise SystemExit(f"{file}: the public index has another file ({fragment})")
+            return urllib.parse.urljoin(f"{index.rstrip('/')}/{project}/", url)
+    raise SystemExit(f"{file} is not on {index}")
 
 
 def installed_version(name: str) -> str | None:
@@ -69,10 +88,14 @@ def main() -> int:
     parser.add_argument("--name", required=True, help="the runtime's folder name, e.g. torch-2.13.0-cu130")
     parser.add_argument("--index-url")
     parser.add_argument("--find-links")
+    parser.add_argument("--extra-index-url", action="append", default=[])
+    parser.add_argument("--public-index", default="https://pypi.org/simple",
+                        help="where volunteers download from: a wheel found in a local mirror (a file: URL) is "
+                             "pinned with this index's URL for the same file")
     parser.add_argument("--out", type=Path, default=ROOT / "resources" / "gpu_runtime.json")
     args = parser.parse_args()
     wheels = []
-    for item in resolve(args.requirement, args.index_url, args.find_links):
+    for item in resolve(args.requirement, args.index_url, args.find_links, args.extra_index_url):
         name, version = item["metadata"]["name"].lower().replace("_", "-"), item["metadata"]["version"]
         if name in BUNDLED and installed_version(name) == version:
             continue
@@ -80,8 +103,11 @@ def main() -> int:
         sha256 = info.get("archive_info", {}).get("hashes", {}).get("sha256")
         if not sha256:
             raise SystemExit(f"pip gave no SHA-256 for {info['url']}")
-        wheels.append({"file": urllib.parse.unquote(info["url"].rsplit("/", 1)[1]), "url": info["url"], "sha256": sha256,
-                       "size": size_of(info["url"])})
+        file, url = urllib.parse.unquote(info["url"].rsplit("/", 1)[1]), info["url"]
+        size = size_of(url)
+        if url.startswith("file:"):
+            url = public_url(name, file, sha256, args.public_index)
+        wheels.append({"file": file, "url": url, "sha256": sha256, "size": size})
     listing = json.loads(args.out.read_text()) if args.out.exists() else {"format": 1, "runtimes": []}
     runtime = {"name": args.name, "python": f"cp{sys.version_info.major}{sys.version_info.minor}",
                "machine": platform.machine(), "wheels": wheels}
