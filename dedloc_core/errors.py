@@ -16,6 +16,7 @@ one::
      ├── StatsError         the statistics file cannot be opened or read (``stats.db``)
      ├── SwarmUnavailable   the backbone's swarm summary cannot be fetched (``stats.swarmview``)
      ├── HivemindVersionError  not the hivemind our extensions are written for (``engine.hivemind_ext``)
+     ├── GpuRuntimeError    the GPU runtime cannot be listed, fetched or checked (``gpu_runtime``)
      └── SelfTestFailed     a step of ``dedloc --self-test`` failed (``engine.selftest``)
 
 ``user_message(error)`` is the one translation: a ``DedlocError``, a worker's ``Error`` event, an
