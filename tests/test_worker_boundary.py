@@ -70,11 +70,13 @@ def test_a_worker_in_its_own_namespaces_trains_and_pauses_through_the_protocol(n
         netlab.popen(data, [sys.executable, "-m", "http.server", "--bind", data.ip, "8000", "--directory",
                             str(site)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         volunteer = netlab.home("volunteer")
-        # its own mount namespace with an empty /tmp (its data folder, its sockets), its own PID
-        # namespace (sh is its init), the volunteer's network namespace: only the data host is reachable
-        inner = ("mount -t tmpfs tmpfs /tmp && mkdir /tmp/home && cd / && "
-                 f"DEDLOC_HOME=/tmp/home HOME=/tmp/home DEDLOC_LOG_LEVEL=INFO {sys.executable} "
-                 "-m dedloc_core.engine.worker")
+        # its own mount namespace with an empty folder of its own (its data, its sockets: a tmpfs that
+        # only it sees; not /tmp, where this checkout may live), its own PID namespace (sh is its
+        # init), the volunteer's network namespace: only the data host is reachable
+        far = tmp_path / "far"
+        far.mkdir()
+        inner = (f"mount -t tmpfs tmpfs {far} && cd {far} && DEDLOC_HOME={far} HOME={far} TMPDIR={far} "
+                 f"DEDLOC_LOG_LEVEL=INFO {sys.executable} -m dedloc_core.engine.worker")
         command = [*netlab.launcher(volunteer), "unshare", "--mount", "--pid", "--fork", "--mount-proc",
                    "--propagation", "private", "sh", "-c", inner]
         worker = WorkerProcess(command=command, env=app_env(tmp_path), stderr=open(tmp_path / "worker.log", "w"))
@@ -87,6 +89,7 @@ def test_a_worker_in_its_own_namespaces_trains_and_pauses_through_the_protocol(n
         finally:
             worker.kill()
     assert not (tmp_path / "app").exists(), list((tmp_path / "app").rglob("*"))  # nothing of it on our side
+    assert not list(far.iterdir()), list(far.iterdir())  # its files were in its own mount only
 
 
 @pytest.fixture
