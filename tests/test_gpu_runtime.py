@@ -167,3 +167,14 @@ def test_the_real_torch_wheel_installs_and_the_worker_trains_with_it(tmp_path, c
                           text=True, timeout=60, env=env)
     assert back.returncode == 0 and "bundled torch" in back.stdout
     assert gpu_runtime.current(home / "data" / "gpu-runtime") is None and folder.is_dir()  # kept as the way back
+
+
+def test_the_shipped_list_pins_a_runtime_for_this_python_with_public_checked_wheels():
+    runtime = gpu_runtime.for_this_machine(gpu_runtime.load_list())
+    if sys.version_info[:2] != (3, 11) or os.uname().machine != "x86_64":
+        pytest.skip("the shipped runtime is for CPython 3.11 on x86_64, as the bundle is")
+    assert runtime is not None and any(w.file.startswith("torch-") for w in runtime.wheels)
+    for wheel in runtime.wheels:
+        assert wheel.url.startswith("https://files.pythonhosted.org/"), wheel
+        assert wheel.url.endswith(wheel.file.replace("+", "%2B")), wheel
+        assert len(wheel.sha256) == 64 and int(wheel.sha256, 16) >= 0 and wheel.size > 0, wheel
