@@ -47,6 +47,7 @@ _START_S = 10.0  # how long start() waits for the server to listen
 _STOP_GRACE_S = 1  # how long stop() lets requests in flight finish before cancelling them
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _MAX_POST = 64 * 1024  # the largest POST body read
+_DRAIN_MAX = 1 << 20  # a refused body up to this size is read and dropped, so its client reads the 413
 _RATE_BURST = 30  # POSTs one client address may make at once…
 _RATE_PER_S = 0.5  # …and then this many a second (a worker redeems once and renews every lifetime/2)
 _MAX_CLIENTS = 10_000  # rate buckets kept; full ones are dropped first
@@ -239,6 +240,8 @@ class _App:
         length_text = headers.get("Content-Length") or ""
         length = int(length_text) if length_text.isdigit() else -1  # h11 refuses malformed lengths
         if length > owner.max_post:
+            if length <= _DRAIN_MAX:  # a client still writing its body would see the close, not the 413
+                await _drain(receive)
             await _status_only(send, HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
             return
         if length < 0:
@@ -259,6 +262,13 @@ class _App:
             await _status_only(send, HTTPStatus.INTERNAL_SERVER_ERROR)
             return
         await _respond(send, status, {"Content-Type": "application/json"}, payload)
+
+
+async def _drain(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return
 
 
 async def _respond(

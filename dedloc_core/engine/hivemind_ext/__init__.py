@@ -9,6 +9,7 @@ The code is organized as follows, in install order:
 
 - ``child_lifetime``: every forked helper and ``p2pd`` dies with its parent (PR_SET_PDEATHSIG).
 - ``one_write``: a daemon message's length and body go in one write.
+- ``stream_end``: a stream's handler closes only after its caller has read every answer.
 - ``bandwidth_caps``: upload and download caps paced on the p2p streams and calls.
 - ``traffic_count``: bytes sent and received by this peer (``traffic()``), around the caps.
 - ``codecs_numpy2``: hivemind's 8-bit codecs decode under NumPy 2.
@@ -52,6 +53,7 @@ it, both shown by probes in fresh interpreters, in ``tests/``:
     invite_gate            test_invite_swarm (slow)   optimizer_client_mode  test_hivemind_ext_guard
     helper_threads         test_helper_threads        fork_above_loop        test_loop_priority
     verified_reduce        test_verified_reduce (slow) leave_drain           test_leave_drain (slow, root)
+    stream_end             test_stream_end
 
 "(none)": the without probe installs no extension at all; invite_gate's turns the gate off.
 """
@@ -79,6 +81,7 @@ HIVEMIND_VERSION = "1.1.12"  # the hivemind every extension was written against,
 ORDER: tuple[str, ...] = (
     "child_lifetime",
     "one_write",
+    "stream_end",
     "bandwidth_caps",
     "traffic_count",
     "codecs_numpy2",
