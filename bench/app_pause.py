@@ -66,21 +66,43 @@ def experiment() -> dict:
 class TreeMeter(CpuMeter):
     """CpuMeter over a process and all its descendants (the worker's DHT, averagers, p2pd)."""
 
+    def __init__(self, pid: int):
+        self.parts: list[tuple[float, dict[str, float]]] = []  # each process's CPU seconds, by name
+        super().__init__(pid)
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            total = 0.0
+            total, part = 0.0, {}
             try:
                 for p in [self.proc, *self.proc.children(recursive=True)]:
                     try:
                         t = p.cpu_times()
                         total += t.user + t.system
+                        part[self._name(p)] = t.user + t.system
                     except psutil.Error:
                         pass
             except psutil.Error:
                 return
-            self.samples.append((time.monotonic(), total))
-            del self.samples[:-3000]
+            now = time.monotonic()
+            self.samples.append((now, total))
+            self.parts.append((now, part))
+            del self.samples[:-3000], self.parts[:-3000]
             time.sleep(0.02)
+
+    def _name(self, p: psutil.Process) -> str:
+        if p.pid == self.proc.pid:
+            return "worker"
+        return "p2pd" if p.name() == "p2pd" else f"helper {p.pid}"  # hivemind's forked DHT and averagers
+
+    def busiest(self, t0: float, t1: float) -> str:
+        """Which processes of the tree used the CPU between two moments, as "name 12%" by share of a core."""
+        first = next((s for s in self.parts if s[0] >= t0), None)
+        last = next((s for s in reversed(self.parts) if s[0] <= t1), None)
+        if first is None or last is None or last[0] <= first[0]:
+            return ""
+        used = {name: (cpu - first[1].get(name, 0.0)) / (last[0] - first[0]) for name, cpu in last[1].items()}
+        return ", ".join(f"{name} {share * 100:.0f}%" for name, share in sorted(used.items(), key=lambda x: -x[1])
+                         if share >= 0.01)
 
     def quiet_for_good(self, t_input: float, until: float, window: float = 1.0) -> float:
         """Seconds from ``t_input`` to the end of the last ``window`` before ``until`` in which the
@@ -111,16 +133,23 @@ def worker_of(app: psutil.Process, timeout: float) -> psutil.Process:
     raise SystemExit("the app started no worker")
 
 
-def in_round(log: Path, since: float, until: float) -> bool:
-    """Did the worker log an optimizer step or averaging between two wall-clock moments?"""
+def _stamped(log: Path):
+    """The worker log's lines with their wall-clock time."""
     for line in log.read_text(errors="replace").splitlines():
         try:
-            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            yield datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp(), line
         except ValueError:
             continue
-        if since <= stamp <= until and any(w in line for w in ROUND_WORDS):
-            return True
-    return False
+
+
+def in_round(log: Path, since: float, until: float) -> bool:
+    """Did the worker log an optimizer step or averaging between two wall-clock moments?"""
+    return any(since <= stamp <= until and any(w in line for w in ROUND_WORDS) for stamp, line in _stamped(log))
+
+
+def log_lines(log: Path, since: float, until: float, most: int = 2) -> list[str]:
+    """The worker's last log lines between two wall-clock moments (its own words for a late wake-up)."""
+    return [line[24:160] for stamp, line in _stamped(log) if since <= stamp <= until][-most:]
 
 
 def wait_training(meter: CpuMeter, timeout: float) -> None:
@@ -200,7 +229,11 @@ def run_app(display: str, env: dict, trials: int, log, during_start: bool) -> li
                 rows.append((kind, busy, latency, whole if whole is not None else float("nan"), for_good))
                 log(f"  {kind:8} {'round' if busy else 'train':6} {latency * 1000:6.0f} ms"
                     f"   (tree {rows[-1][3] * 1000:6.0f} ms, for good {for_good * 1000:6.0f} ms,"
-                    f" {tree.rate(t_input + 1.0, t_input + HELD_S) * 100:4.1f}% from 1 s on)")
+                    f" {tree.rate(t_input + 1.0, t_input + HELD_S) * 100:4.1f}% from 1 s on)"
+                    + (f" late: {tree.busiest(t_input + for_good - 1, t_input + for_good)}" if for_good > 1 else ""))
+                if for_good > 1:
+                    for line in log_lines(worker_log, wall + for_good - 2, wall + for_good):
+                        log(f"      {line}")
         finally:
             main.close()
             tree.close()

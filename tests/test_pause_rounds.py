@@ -95,4 +95,6 @@ def test_a_paused_peer_leaves_or_serves_its_round_and_the_others_average(stage):
 @pytest.mark.parametrize("stage", ["looking", "grouped"])
 def test_without_it_the_others_round_fails(stage):  # the test above is one that could fail
     result = probe_json(PROBE, "plain", stage, timeout=300)
-    assert min(result["failed"]) >= 1, result
+    # a failed round of either shows it: the probe stops once each has ended a round, and the second's
+    # may have been one it averaged with the first before the paused peer's matchmaking found them
+    assert max(result["failed"]) >= 1, result
