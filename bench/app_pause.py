@@ -16,7 +16,8 @@ before the input or during the pause.
 
 Prints each trial, p50/p95 overall and per kind; the last line is ``pause p95 ms: X``. Target X <= 100.
 The whole tree's CPU (the averager and DHT processes, p2pd too) is shown beside it: when it first went
-quiet, and when it went quiet for good (no 1 s window at 5% of a core after it, ``HELD_S`` watched).
+quiet, when it went quiet for good (no 1 s window at 5% of a core after it, ``HELD_S`` watched; a
+later one is named by process), and its mean CPU from 1 s after the input to ``HELD_S``.
 Needs: xvfb openbox trayer xdotool x11-utils (apt). About 15 minutes with the defaults.
 """
 
@@ -188,7 +189,8 @@ def wait_ready(log: Path, timeout: float) -> None:
         time.sleep(0.02)
 
 
-Row = tuple[str, bool, float, float, float]  # kind, in a round, worker quiet, tree quiet, tree quiet for good
+# kind, in a round, worker quiet, tree quiet, tree quiet for good, the tree's mean CPU from 1 s on
+Row = tuple[str, bool, float, float, float, float]
 
 
 def run_app(display: str, env: dict, trials: int, log, during_start: bool) -> list[Row]:
@@ -226,10 +228,11 @@ def run_app(display: str, env: dict, trials: int, log, during_start: bool) -> li
                 time.sleep(HELD_S)  # the pause lasts: does anything in the tree wake up again?
                 for_good = tree.quiet_for_good(t_input, t_input + HELD_S)
                 busy = in_round(worker_log, wall - 1.0, wall + latency)
-                rows.append((kind, busy, latency, whole if whole is not None else float("nan"), for_good))
+                after = tree.rate(t_input + 1.0, t_input + HELD_S)
+                rows.append((kind, busy, latency, whole if whole is not None else float("nan"), for_good, after))
                 log(f"  {kind:8} {'round' if busy else 'train':6} {latency * 1000:6.0f} ms"
                     f"   (tree {rows[-1][3] * 1000:6.0f} ms, for good {for_good * 1000:6.0f} ms,"
-                    f" {tree.rate(t_input + 1.0, t_input + HELD_S) * 100:4.1f}% from 1 s on)"
+                    f" {after * 100:4.1f}% from 1 s on)"
                     + (f" late: {tree.busiest(t_input + for_good - 1, t_input + for_good)}" if for_good > 1 else ""))
                 if for_good > 1:
                     for line in log_lines(worker_log, wall + for_good - 2, wall + for_good):
@@ -300,6 +303,10 @@ def main(argv=None) -> int:
         print(f"tree quiet for good   p50 {percentile(settled, 0.5) * 1000:5.0f} ms"
               f"  p95 {percentile(settled, 0.95) * 1000:5.0f} ms  (no 1 s window at 5% of a core after it,"
               f" up to {HELD_S:.0f} s)")
+    after = [r[5] for r in rows if r[5] == r[5]]
+    if after:
+        print(f"tree CPU from 1 s on  p50 {percentile(after, 0.5) * 100:5.1f} %   p95 "
+              f"{percentile(after, 0.95) * 100:5.1f} %  (of a core, mean from 1 s to {HELD_S:.0f} s after the input)")
     print(f"pause p50 ms: {percentile(latencies, 0.5) * 1000:.0f}")
     print(f"pause p95 ms: {percentile(latencies, 0.95) * 1000:.0f}")
     return 0
