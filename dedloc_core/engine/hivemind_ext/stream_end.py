@@ -40,6 +40,12 @@ END_TEXT = "hivemind: end of answers"  # the handler's last message, only to a c
 LINGER = 60.0  # how long a handler that sent END waits for the caller to close before it closes
 
 
+async def _until_closed(reader: asyncio.StreamReader) -> None:
+    """Until the caller closes; what it still sends is dropped, not kept."""
+    while await reader.read(1 << 16):
+        pass
+
+
 def install() -> None:
     from hivemind.p2p.p2p_daemon import P2P, P2PContext, P2PHandlerError, logger
     from hivemind.proto.p2pd_pb2 import RPCError
@@ -84,7 +90,7 @@ def install() -> None:
                             if asked and processing_task.result():
                                 await P2P.send_protobuf(RPCError(message=END_TEXT), writer)
                                 with suppress(asyncio.TimeoutError, ConnectionError):
-                                    await asyncio.wait_for(reader.read(), LINGER)  # until the caller closes
+                                    await asyncio.wait_for(_until_closed(reader), LINGER)
                             return
                         try:
                             request, error = await receive_task
