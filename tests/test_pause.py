@@ -14,7 +14,7 @@ from desktop import need
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import pause_latency
 
-from dedloc_core.engine.limits import NICE
+from dedloc_core.engine.priority import NICE
 
 
 @pytest.mark.slow

@@ -167,6 +167,19 @@ def test_hello_then_idle_then_stop(spawn_worker):
     assert states(collect_to_end(worker, 5)) == ["stopped"]
 
 
+def test_the_worker_takes_the_lowest_priority_before_it_imports_torch(spawn_worker, monkeypatch):
+    """Right after Join the worker imports torch and hivemind, seconds of a core: at nice 19 and idle
+    I/O priority already, so that they do not compete with what the user is doing."""
+    monkeypatch.setenv("DEDLOC_WORKER_NICE", "19")
+    worker = spawn_worker()
+    assert next_event(worker).type == "hello"
+    with open(f"/proc/{worker.pid}/maps") as maps:
+        assert "libtorch" not in maps.read()  # it imports torch once told to start
+    proc = psutil.Process(worker.pid)
+    assert proc.nice() == 19
+    assert proc.ionice().ioclass == psutil.IOPRIO_CLASS_IDLE
+
+
 def test_stdin_eof_stops_an_idle_worker(spawn_worker):
     worker = spawn_worker()
     worker.proc.stdin.close()  # the app is gone

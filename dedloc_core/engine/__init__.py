@@ -24,7 +24,8 @@ The code is organized as follows:
 - ``progress_digest``: the backbone answers volunteers' reads of the swarm's progress in a few bytes a peer.
 - ``dht_fallback``: a volunteer that only uses the swarm's DHT serves it while no backbone answers.
 - ``metrics``: signed per-peer metrics in the DHT (the leaderboard's source).
-- ``limits``: priority, threads, GPU, bandwidth caps and the pause gate the worker applies to itself.
+- ``limits``: threads, GPU, bandwidth caps and the pause gate the worker applies to itself.
+- ``priority``: the worker's lowest CPU and I/O priority, set before it imports torch.
 - ``shard_cache``: the bounded, verified download cache of data shards.
 - ``recipes``: the built-in models, data pipelines, losses and evaluations (and declared transformers models).
 - ``keeper``: the backbone's engine half (follows the swarm's state, writes checkpoints).

@@ -1,4 +1,4 @@
-"""Limits the worker applies to itself: lowest scheduling priority, CPU threads, GPU on/off and
+"""Limits the worker applies to itself (its priority: ``priority``): CPU threads, GPU on/off and
 memory cap, bandwidth caps, and a pause gate that stops training within a fraction of a second.
 
 The gate is checked between micro-batches and also *inside* them: forward pre-hooks on the
@@ -15,34 +15,13 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import psutil
 import torch
 
-from dedloc_core import environ
 from dedloc_core.protocol import Limits
 
 from . import bandwidth
 
 logger = logging.getLogger(__name__)
-
-NICE = int(environ.WORKER_NICE.default)  # the worker's nice value: the lowest priority there is
-
-
-def lower_priority(nice: int | None = None) -> None:
-    """Lowest CPU priority (nice 19 / IDLE_PRIORITY_CLASS) and idle I/O priority for this process
-    and everything it starts later (threads, hivemind's forks, p2pd)."""
-    nice = NICE if nice is None else nice
-    proc = psutil.Process()
-    try:
-        if sys.platform.startswith("win"):
-            proc.nice(psutil.IDLE_PRIORITY_CLASS)
-        elif nice > proc.nice():
-            proc.nice(nice)
-        if sys.platform.startswith("linux"):
-            proc.ionice(psutil.IOPRIO_CLASS_IDLE)
-    except (psutil.Error, OSError) as exc:
-        logger.warning("Could not lower the worker's priority: %s", exc)
-
 
 def training_below_helpers() -> int:
     """Put the training loop (the calling thread), torch's compute threads and the threads the loop
@@ -199,6 +178,3 @@ class PauseGate:
         self._handles.clear()
 
 
-def worker_nice() -> int:
-    """The worker's nice value: 19, or ``DEDLOC_WORKER_NICE`` (tests on a shared machine)."""
-    return environ.WORKER_NICE.integer()

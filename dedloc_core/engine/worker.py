@@ -27,7 +27,7 @@ from dedloc_core.errors import EXIT_EXPLAINED, EXIT_UNEXPECTED, DedlocError, Wor
 from dedloc_core.protocol import Error, Hello, Start, State, Stop
 from dedloc_core.workerproc import SOCKET_DIR_PREFIX
 
-from . import invited
+from . import invited, priority
 from .channel import Control, EventChannel, EventLogHandler, read_commands
 from .shard_cache import fetch_in_background
 
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-fd", type=int, default=None, help="write events to this fd (default stdout)")
     parser.add_argument("--log-level", default=environ.LOG_LEVEL.text())
     args = parser.parse_args(argv)
+    priority.lower_priority(priority.worker_nice())  # before torch's import: seconds of a core
 
     event_fd = args.event_fd if args.event_fd is not None else os.dup(1)
     command_fd = os.dup(0)
