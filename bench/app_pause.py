@@ -40,7 +40,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from pause_latency import QUIET, CpuMeter, percentile  # noqa: E402
+from pause_latency import QUIET, CpuMeter, percentile, sample_ahead  # noqa: E402
 
 from tests.desktop import stop, xdotool, xvfb  # noqa: E402
 
@@ -72,6 +72,7 @@ class TreeMeter(CpuMeter):
         super().__init__(pid)
 
     def _run(self) -> None:
+        sample_ahead()
         while not self._stop.is_set():
             total, part = 0.0, {}
             try:
