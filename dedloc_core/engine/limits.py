@@ -176,5 +176,3 @@ class PauseGate:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-
-
