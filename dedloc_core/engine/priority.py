@@ -23,10 +23,10 @@ def worker_nice() -> int:
     return environ.WORKER_NICE.integer()
 
 
-def lower_priority(nice: int | None = None) -> None:
-    """Lowest CPU priority (nice 19 / IDLE_PRIORITY_CLASS) and idle I/O priority for this process
-    and everything it starts later (threads, hivemind's forks, p2pd)."""
-    nice = NICE if nice is None else nice
+def lower_priority() -> None:
+    """Lowest CPU priority (``worker_nice`` / IDLE_PRIORITY_CLASS) and idle I/O priority for this
+    process and everything it starts later (threads, hivemind's forks, p2pd)."""
+    nice = worker_nice()
     proc = psutil.Process()
     try:
         if sys.platform.startswith("win"):

@@ -22,7 +22,7 @@ from dedloc_core.catalog.model import Experiment, experiment_from
 from dedloc_core.errors import WorkerError
 from dedloc_core.protocol import Progress, Start, State, Stats
 
-from . import bans, gate, hivemind_ext, invited, limits, metrics, prefetch, priority, reachability, robust, swarm
+from . import bans, gate, hivemind_ext, invited, limits, metrics, prefetch, reachability, robust, swarm
 from .channel import Control, EventChannel
 from .dht_fallback import DhtFallback
 from .diloco import DilocoOptimizer
@@ -114,7 +114,6 @@ class Session:
     def _prepare_process(self) -> None:
         """Process-wide setup, before hivemind forks and torch starts threads."""
         exp = self.experiment
-        priority.lower_priority(priority.worker_nice())  # (done at the worker's start; a Session alone too)
         swarm.prepare_process()
         swarm.p2pd_on_one_thread()
         robust.configure(exp.aggregation, exp.clip_radius, exp.clip_iterations)  # before hivemind forks

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-fd", type=int, default=None, help="write events to this fd (default stdout)")
     parser.add_argument("--log-level", default=environ.LOG_LEVEL.text())
     args = parser.parse_args(argv)
-    priority.lower_priority(priority.worker_nice())  # before torch's import: seconds of a core
+    priority.lower_priority()  # before torch's import: seconds of a core
 
     event_fd = args.event_fd if args.event_fd is not None else os.dup(1)
     command_fd = os.dup(0)
