@@ -247,6 +247,25 @@ def test_fetch_all_never_evicts_its_own_shards(
     assert seen[-1] == (2000, 2000)
 
 
+def test_fetch_all_downloads_the_shards_together(
+    server: FileServer, make_cache: Callable[..., ShardCache]
+) -> None:
+    """Each shard is answered only once all three were asked for: fetched one at a time, the first
+    request would wait in vain and fail."""
+    datas = [blob(40 + i, 1000) for i in range(3)]
+    everyone_asked = threading.Barrier(len(datas), timeout=5)
+
+    def answer(data: bytes) -> Callable[[], bytes]:
+        return lambda: (everyone_asked.wait(), data)[1]
+
+    for i, data in enumerate(datas):
+        server.add(f"/{i}.bin", answer(data))
+    shards = [shard_for(data, f"{i}.bin") for i, data in enumerate(datas)]
+    paths = make_cache(retries=1).fetch_all(shards + shards[:1], base_url=server.url)
+    assert [p.read_bytes() for p in paths] == datas + datas[:1]
+    assert sorted(path for _, path, _ in server.requests) == ["/0.bin", "/1.bin", "/2.bin"]
+
+
 def test_fetch_all_too_large_fails_before_downloading(
     server: FileServer, make_cache: Callable[..., ShardCache]
 ) -> None:
