@@ -82,8 +82,8 @@ class ShardCache:
     Files are named by sha256: ``<sha>`` (complete, verified), ``<sha>.part`` (a download to
     resume), ``<sha>.ok`` (size, mtime, ctime and inode of ``<sha>`` when it last verified, so a hit
     need not re-hash). One lock (a ``threading.Lock`` and ``flock`` on ``root/.lock``) covers each
-    fetch (``fetch_all``'s downloads run together under it), so threads and processes sharing a cache take turns. The least recently used shards are
-    evicted to stay under ``max_bytes``.
+    fetch (``fetch_all``'s downloads run together under it), so threads and processes sharing a
+    cache take turns. The least recently used shards are evicted to stay under ``max_bytes``.
     """
 
     def __init__(
