@@ -266,6 +266,25 @@ def test_fetch_all_downloads_the_shards_together(
     assert sorted(path for _, path, _ in server.requests) == ["/0.bin", "/1.bin", "/2.bin"]
 
 
+def test_after_a_failed_shard_fetch_all_begins_no_other(
+    server: FileServer, make_cache: Callable[..., ShardCache]
+) -> None:
+    """The first shard is missing; the next three take a while; the last two are never asked for
+    (the set cannot be complete): the error is the missing shard's."""
+    datas = [blob(60 + i, 1000) for i in range(6)]
+
+    def slow(data: bytes) -> Callable[[], bytes]:
+        return lambda: (time.sleep(0.5), data)[1]
+
+    for i, data in enumerate(datas[1:], start=1):
+        server.add(f"/{i}.bin", slow(data) if i < 4 else data)
+    shards = [shard_for(data, f"{i}.bin") for i, data in enumerate(datas)]
+    with pytest.raises(ShardError) as info:
+        make_cache(retries=1).fetch_all(shards, base_url=server.url)
+    assert info.value.code == "unreachable" and "0.bin" in info.value.message, info.value.message
+    assert sorted(path for _, path, _ in server.requests) == ["/0.bin", "/1.bin", "/2.bin", "/3.bin"]
+
+
 def test_fetch_all_too_large_fails_before_downloading(
     server: FileServer, make_cache: Callable[..., ShardCache]
 ) -> None:

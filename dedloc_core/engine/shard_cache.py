@@ -65,6 +65,10 @@ class _Unreachable(Exception):
     """A network failure: retry, resuming what we have."""
 
 
+class _Skipped(Exception):
+    """A shard of a set that already failed, not begun (``fetch_all``)."""
+
+
 class _Refused(Exception):
     """The server refused us (401, 403): asking again with the same token gets the same answer."""
 
@@ -136,6 +140,7 @@ class ShardCache:
         protect = set(unique)
         done = dict.fromkeys(unique, 0)
         progress_lock = threading.Lock()
+        failed = threading.Event()  # after a failure no shard begins: the set is lost anyway
 
         def fetch_one(sha: str) -> Path:
             shard, url = unique[sha]
@@ -146,12 +151,22 @@ class ShardCache:
                         done[sha] = now
                         progress(sum(done.values()), total)
 
-            return self._fetch(shard, url, report, protect=protect)
+            if failed.is_set():
+                raise _Skipped
+            try:
+                return self._fetch(shard, url, report, protect=protect)
+            except BaseException:
+                failed.set()
+                raise
 
         with self._locked():
             with ThreadPoolExecutor(max_workers=min(PARALLEL, len(unique)) or 1, thread_name_prefix="shard") as pool:
                 futures = {sha: pool.submit(fetch_one, sha) for sha in unique}
-            paths = {sha: future.result() for sha, future in futures.items()}  # the first failure, in order
+            errors = [future.exception() for future in futures.values()]
+            first = next((e for e in errors if e is not None and not isinstance(e, _Skipped)), None)
+            if first is not None:  # the first failure in the set's order
+                raise first
+            paths = {sha: future.result() for sha, future in futures.items()}
         return [paths[shard.sha256] for shard in shards]
 
     def usage(self) -> int:
