@@ -22,8 +22,9 @@ volunteers' training, which in the world runs on their own computers (0: no quot
 The bound for case 3 is ``2 x state bytes / link rate + 5 s``: the state is what a newcomer loads
 from the swarm (parameters and optimizer state, fp32, as hivemind's state averager sends them),
 the link rate the newcomer's download rate. The table also shows the bytes the newcomer received
-until then and each worker's own account of its start (its "Ready to train" log line: imports,
-data, model, swarm, optimizer). Last line: ``join seconds: X, bound: B`` (case 3).
+until then, each worker's own account of its start (its "Ready to train" log line: imports,
+data, model, swarm, optimizer), the rounds that had failed in the swarm before the newcomer came,
+and when the swarm took its next steps (its phase). Last line: ``join seconds: X, bound: B`` (case 3).
 
     python bench/join_time.py [--steps 2] [--keep DIR] [--after 40] [--cpu 0.5 --new-cpu 0.8 --backbone-cpu 0.2]
 """
@@ -113,7 +114,10 @@ def ready_line(log: Path) -> str:
     return m.group(1).replace(" after the process started", "") if m else "?"
 
 
-def wait_for(timer: Timer, key: str, timeout: float, swarm_step: int | None = None, others=()) -> None:
+def wait_for(timer: Timer, key: str, timeout: float, swarm_step: int | None = None, others=(),
+             steps: dict[int, float] | None = None) -> None:
+    """Poll until ``timer`` has seen ``key``; ``steps`` gets when (timer's clock) ``others`` first
+    reported each global step."""
     deadline = time.monotonic() + timeout
     while timer.get(key) is None:
         if time.monotonic() > deadline:
@@ -124,6 +128,8 @@ def wait_for(timer: Timer, key: str, timeout: float, swarm_step: int | None = No
         timer.poll(swarm_step)
         for other in others:
             other.drain()
+            if steps is not None and other.progress:
+                steps.setdefault(max(o.step for o in others), time.monotonic() - timer.began)
         time.sleep(0.05)
 
 
@@ -193,15 +199,18 @@ def in_lab(folder: Path, steps: int, timeout: float, cpu: dict[str, float | None
             wait_until(peers, lambda: min(p.step for p in peers) >= steps and all(p.rounds for p in peers), timeout,
                        f"the swarm of two did not reach step {steps}")
             swarm_step = max(p.step for p in peers)
+            failed = {p.name: p.stats.rounds_failed if p.stats else 0 for p in peers}
             new = Peer(lab, hosts["new"], folder / "new")
             rx0 = lab.counters(hosts["new"])[1]
             tn = Timer(new, time.monotonic())
             new.start(exp, ready, seed=3)
             peers.append(new)
-            wait_for(tn, "round", timeout, swarm_step, others=peers[:2])
+            steps: dict[int, float] = {}
+            wait_for(tn, "round", timeout, swarm_step, others=peers[:2], steps=steps)
             out["newcomer"] = {"training": tn.get("training"), "samples": tn.get("samples"),
                                "synced": tn.get("synced"), "round": tn.get("round"), "swarm_step": swarm_step,
-                               "rx": lab.counters(hosts["new"])[1] - rx0, "ready": ready_line(new.home / "worker.log")}
+                               "rx": lab.counters(hosts["new"])[1] - rx0, "ready": ready_line(new.home / "worker.log"),
+                               "steps": steps, "failed_before": failed}
             if after > 0:
                 out["after"] = after_join(peers, after)
         finally:
@@ -252,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'lab: newcomer (swarm at step ' + str(new['swarm_step']) + ')':34} {fmt(new['training']):>10}"
           f" {fmt(new['samples']):>10} {fmt(new['synced']):>9} {fmt(new['round']):>8}  {new['ready']}")
     print(f"newcomer received {new['rx'] / 1e6:.2f} MB until its first round")
+    print("rounds failed before the newcomer started: "
+          + ", ".join(f"{name} {n}" for name, n in new["failed_before"].items()))
+    later = {step: t for step, t in new["steps"].items() if step > new["swarm_step"]}
+    print("the swarm's steps after the newcomer started, s: "
+          + (", ".join(f"{step} at {t:.1f}" for step, t in sorted(later.items())) or "none")
+          + " (a step's round forms about 1 s before it)")
     for name, (rate, rounds, steps) in lab.get("after", {}).items():
         print(f"after the join, {args.after:.0f} s: {name} {rate:.1f} samples/s ({rate / cpu[name]:.1f} per core),"
               f" {rounds} rounds in {steps} steps" if cpu[name] else f"after the join: {name} {rate:.1f} samples/s")
