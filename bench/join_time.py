@@ -128,8 +128,8 @@ def wait_for(timer: Timer, key: str, timeout: float, swarm_step: int | None = No
         timer.poll(swarm_step)
         for other in others:
             other.drain()
-            if steps is not None and other.progress:
-                steps.setdefault(max(o.step for o in others), time.monotonic() - timer.began)
+        if steps is not None and others:
+            steps.setdefault(max(o.step for o in others), time.monotonic() - timer.began)
         time.sleep(0.05)
 
 

@@ -146,15 +146,15 @@ class ShardCache:
             shard, url = unique[sha]
 
             def report(now: int, _: int) -> None:
-                if progress is not None:
-                    with progress_lock:
-                        done[sha] = now
-                        progress(sum(done.values()), total)
+                assert progress is not None
+                with progress_lock:
+                    done[sha] = now
+                    progress(sum(done.values()), total)
 
             if failed.is_set():
                 raise _Skipped
             try:
-                return self._fetch(shard, url, report, protect=protect)
+                return self._fetch(shard, url, report if progress is not None else None, protect=protect)
             except BaseException:
                 failed.set()
                 raise
