@@ -31,6 +31,8 @@ from hivemind.utils import MPFuture, MSGPackSerializer, ValueWithExpiration
 from hivemind.utils.asyncio import aiter_with_timeout
 from hivemind.utils.streaming import combine_from_streaming
 
+from .parameter_rounds import KeepsItsParameterRounds, LeavesLoneParameterRounds
+
 logger = logging.getLogger(__name__)
 
 
@@ -246,12 +248,14 @@ class _AlsoSets(threading.Event):
         self.other.set()
 
 
-class TrainingStateAverager(_AppliesUpdatesAtStepEnds, _ServesWholeSteps, _HandsOverPacked,
-                            state_averager.TrainingStateAverager, _UsesPrefetched):
+class TrainingStateAverager(_AppliesUpdatesAtStepEnds, LeavesLoneParameterRounds, _ServesWholeSteps,
+                            _HandsOverPacked, state_averager.TrainingStateAverager, KeepsItsParameterRounds,
+                            _UsesPrefetched):
     """hivemind's TrainingStateAverager whose next load may use a state downloaded beforehand, that
-    applies a delayed update at a step's end, serves a state only once its step's delayed update is
-    in it, and that hands it to its own process packed (the same class name: it names the handlers
-    on the wire)."""
+    applies a delayed update at a step's end, leaves a parameter round that finds no group rather
+    than wait for it (``parameter_rounds``), serves a state only once its step's delayed update is in
+    it, and that hands it to its own process packed (the same class name: it names the handlers on
+    the wire)."""
 
     def _state_tensors(self) -> int:
         return len(state_averager.TrainingStateAverager.get_current_state(self)[1])  # hivemind's, unpacked
