@@ -3,9 +3,11 @@
 loopback (overlap, as the worker runs them), each in its own process: A averages its
 parameters every step, B never (as a peer that skipped the step's parameter round), so each of A's
 parameter rounds looks for a group alone. With the rule A's next step goes on at once; without it
-each step waited for the lone round until its deadline (the averaging timeout, 6 s here)."""
+each step waited for the lone round until its deadline (the averaging timeout, 8 s here)."""
 
 from __future__ import annotations
+
+from statistics import median
 
 import pytest
 from probes import probe_json
@@ -40,7 +42,7 @@ from tests.probes import lone_optimizer
 if sys.argv[1] == "waiting":
     parameter_rounds.LeavesLoneParameterRounds._wait_leaving_lone_rounds = lambda self: None
 fast = dict(min_refresh_period=0.2, max_refresh_period=0.5, default_refresh_period=0.2, progress_report_period=0.5,
-            averaging_timeout=6.0)
+            averaging_timeout=8.0)
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 4)
 dht, a = lone_optimizer("lone-params", model, lr=0.01, overlap=True, target_batch_size=64, average_state_every=1,
@@ -77,10 +79,10 @@ def test_a_lone_parameter_round_is_left_at_the_next_step():
     out = probe_json(PAIR, "leaving", PEER_B, timeout=150)
     later = out["waits"][2:]  # the first steps: no parameter round yet (no timing of its own) or the first
     assert out["epoch"] >= 8, out
-    assert out["left"] >= 3 and later and max(later) < 2.0, out
+    assert out["left"] >= 3 and later and median(later) < 1.0, out
 
 
 def test_without_leaving_each_step_waits_for_the_lone_round():
     out = probe_json(PAIR, "waiting", PEER_B, timeout=150)
     later = out["waits"][2:]
-    assert out["left"] == 0 and later and sorted(later)[len(later) // 2] > 3.0, out
+    assert out["left"] == 0 and later and median(later) > 3.0, out

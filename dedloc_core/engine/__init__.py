@@ -8,6 +8,7 @@ The code is organized as follows:
 - ``swarm``: building a hivemind DHT and Optimizer for an experiment.
 - ``prefetch``: a newcomer's state download, begun in the DHT's event loop once the DHT is up
   (during the dial-back and while the Optimizer is built).
+- ``parameter_rounds``: a step leaves a parameter round that found no group instead of waiting for it.
 - ``pacing``: a sync-mode step long enough to hide a round (target batch, matchmaking time).
 - ``diloco``, ``delta_averaging``, ``quant4``: low-communication training (DiLoCo), its delta
   all-reduce (with error feedback) and its 4-bit delta codec.
