@@ -5,7 +5,7 @@ in the background, and the next step begins by waiting for it ("Waiting for dela
 swarm's peers begin that round at the same step's end, within a second, unless they skipped the
 step's round (a peer that sat the step out, or went on from a state loaded as the swarm stepped). A
 round that nobody joins looks for a group until its deadline, the averaging timeout, or until the
-others' next parameter round joins it: in ``bench/join_time.py`` a volunteer stood 19-25 s so, and
+others' next parameter round joins it: in ``bench/join_time.py`` a volunteer stood still 19-25 s, and
 the newcomer's first round waited for it. Here the wait leaves such a round once it is
 ``GROUP_GRACE`` past its scheduled time and still looking: this peer keeps its own parameters until
 the next parameter round."""
